@@ -1,0 +1,160 @@
+"""Per-rank model-state items: parameters, gradients, optimizer states, master weights and the
+ZeRO/FSDP/DDP communication buffers that scale with them.
+
+Conventions (README "Conventions" has the long form):
+- ZeRO >= 1 follows DeepSpeed: 16-bit model + fp32 master under mixed precision; stage 1 shards
+  optimizer states and master weights, stage 2 also gradients, stage 3 also parameters, over
+  ``recipe.shard_degree`` ranks (expert tensors over ``expert_shard_degree``).
+- Offload moves master weights and optimizer states (and with ``params+optimizer``/``nvme`` the
+  parameter shards) to the host or NVMe pool; they stay in the breakdown, off the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from ..breakdown import ALL_PHASES, Category, Item, Phase, Pool
+from ..recipe import Recipe
+from ..units import dtype_bytes
+from .layout import Held, Stage
+from .precision import Dtypes
+from .states import optimizer_state_bytes, quantized_bytes
+
+__all__ = ["model_state_items"]
+
+F, B, O = Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER
+DS_REDUCE_BUCKET = 500_000_000
+"""DeepSpeed ``reduce_bucket_size`` / ``allgather_bucket_size`` default, elements
+(deepspeed/runtime/zero/config.py)."""
+DS_SUB_GROUP = 1_000_000_000
+"""DeepSpeed ZeRO-3 ``sub_group_size`` default: the optimizer steps this many elements at a time."""
+
+
+def _sum(pairs: list[tuple[Held, float]], recipe: Recipe, shard: bool) -> int:
+    """Add per-tensor bytes; when ``shard``, divide each by its ZeRO shard degree (expert
+    tensors by the expert-data-parallel degree)."""
+    out = 0.0
+    for h, b in pairs:
+        if shard:
+            b /= recipe.expert_shard_degree if h.expert else recipe.shard_degree
+        out += b
+    return math.ceil(out)
+
+
+def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]:
+    """Items for one rank of ``stage``."""
+    items: list[Item] = []
+    trainable = [h for h in stage.held if h.trainable]
+    base = [h for h in trainable if not h.adapter]
+    adapters = [h for h in trainable if h.adapter]
+    frozen = [h for h in stage.held if not h.trainable and not h.quantized]
+    quantized = [h for h in stage.held if h.quantized]
+    z = recipe.zero
+    off = recipe.offload
+    param_pool = {"params+optimizer": Pool.HOST, "nvme": Pool.NVME}.get(off, Pool.ALLOCATED)
+    state_pool = {"optimizer": Pool.HOST, "params+optimizer": Pool.HOST, "nvme": Pool.NVME}.get(
+        off, Pool.ALLOCATED)
+    shard_note = f" / {recipe.shard_degree} (ZeRO-{z})" if z else ""
+
+    def add(category: Category, name: str, pairs: list[tuple[Held, float]], *, shard: bool,
+            formula: str, phases: tuple[Phase, ...] = ALL_PHASES, pool: Pool = Pool.ALLOCATED):
+        n = _sum(pairs, recipe, shard)
+        if n:
+            items.append(Item(category=category, name=name, bytes=n, phases=phases, pool=pool,
+                              formula=formula + (shard_note if shard else "")))
+
+    # -- parameters ------------------------------------------------------------------------
+    pb, fb = dtype_bytes(dt.param), dtype_bytes(dt.frozen)
+    add(Category.PARAMS, f"trainable parameters ({dt.param})", [(h, h.numel * pb) for h in base],
+        shard=z == 3, pool=param_pool, formula=f"trainable elements x {pb:g} B")
+    ab = dtype_bytes(recipe.adapter_dtype)
+    add(Category.PARAMS, f"LoRA adapters ({recipe.adapter_dtype})",
+        [(h, h.numel * ab) for h in adapters], shard=z == 3, pool=param_pool,
+        formula=f"r x (in + out) per adapted linear x {ab:g} B (Hu et al. 2021)")
+    add(Category.PARAMS, f"frozen parameters ({dt.frozen})", [(h, h.numel * fb) for h in frozen],
+        shard=z == 3, pool=param_pool, formula=f"frozen elements x {fb:g} B")
+    add(Category.PARAMS, f"quantized base ({recipe.quant})",
+        [(h, quantized_bytes(h.numel, h.tensor.shape[0], recipe.quant)) for h in quantized],
+        shard=z == 3, pool=param_pool,
+        formula="bitsandbytes storage incl. quantization constants (QLoRA paper §3)")
+    if recipe.precision == "fp8-mixed" and z < 3:
+        linear = [(h, h.numel * 2.0) for h in base if h.tensor.is_linear]
+        add(Category.PARAMS, "fp8 weight cache (+ transpose)", linear, shard=False,
+            phases=(F, B), formula="1 B fp8 weight + 1 B fp8 transpose per linear element, cached "
+            "for the step (Transformer Engine, Hopper FP8 GEMMs need both layouts)")
+
+    # -- gradients -------------------------------------------------------------------------
+    gb = dtype_bytes(dt.grad)
+    persistent = recipe.grad_accum > 1 or recipe.grad_dtype == "fp32"
+    grad_phases = ALL_PHASES if persistent else (B, O)
+    why = " kept across micro-batches (grad_accum > 1)" if recipe.grad_accum > 1 else ""
+    grads = [(h, h.numel * gb) for h in trainable]
+    if off != "none" and z >= 2:
+        add(Category.GRADIENTS, "fp32 gradient partition (offloaded)",
+            [(h, h.numel * 4.0) for h in trainable], shard=True, pool=state_pool,
+            formula="ZeRO-Offload copies each reduced gradient partition to pinned host memory "
+            "in fp32 (Ren et al. 2021, arXiv 2101.06840, §4)")
+    else:
+        add(Category.GRADIENTS, f"gradients ({dt.grad}){why}", grads, shard=z >= 2,
+            phases=grad_phases, formula=f"trainable elements x {gb:g} B")
+    if dt.master and z >= 1 and off == "none" and gb < 4:
+        limit = DS_SUB_GROUP if z == 3 else None
+        fp32 = [(h, h.numel * 4.0) for h in trainable]
+        n = _sum(fp32, recipe, True)
+        if limit is not None:
+            n = min(n, limit * 4)
+        items.append(Item(
+            category=Category.GRADIENTS, name="fp32 gradient partition (optimizer step)",
+            bytes=n, phases=(O,),
+            formula="DeepSpeed casts the 16-bit gradient partition to fp32 for the step "
+            "(stage_1_and_2.py; ZeRO-3 one sub_group of 1e9 elements at a time)" + shard_note))
+
+    # -- optimizer states and master weights ---------------------------------------------------
+    add(Category.OPTIMIZER, f"{recipe.optimizer} states ({dt.state})",
+        [(h, optimizer_state_bytes(h, recipe.optimizer, dt.state)) for h in trainable],
+        shard=z >= 1, pool=state_pool, formula="see estimate/states.py:optimizer_state_bytes")
+    if dt.master:
+        add(Category.OPTIMIZER, "fp32 master weights", [(h, h.numel * 4.0) for h in base],
+            shard=z >= 1, pool=state_pool,
+            formula="4 B per trainable element (ZeRO paper, Rajbhandari et al. 2020, §3)")
+
+    items += _comm_items(stage, recipe, dt, trainable)
+    return items
+
+
+def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held]) -> list[Item]:
+    """Buffers that exist because of data parallelism."""
+    out: list[Item] = []
+    cb, gb = dtype_bytes(dt.compute), dtype_bytes(dt.grad)
+    t_numel = sum(h.numel for h in trainable)
+    if recipe.zero == 3 and recipe.shard_degree > 1:
+        unit = stage.largest_unit_numel
+        out.append(Item(
+            category=Category.COMMUNICATION, name="ZeRO-3/FSDP all-gathered parameters (2 units)",
+            bytes=math.ceil(2 * unit * cb), phases=(F, B),
+            formula="current + prefetched unit, unsharded in the compute dtype (FSDP "
+            "limit_all_gathers keeps two units; PyTorch FSDP notes)"))
+        if t_numel:
+            out.append(Item(
+                category=Category.COMMUNICATION, name="unsharded gradients of one unit",
+                bytes=math.ceil(min(unit, t_numel) * gb), phases=(B,),
+                formula="reduce-scatter input of the unit in backward (PyTorch FSDP notes)"))
+    elif recipe.dp > 1 and t_numel:
+        if recipe.zero == 0:
+            out.append(Item(
+                category=Category.COMMUNICATION, name="DDP gradient buckets",
+                bytes=math.ceil(t_numel * gb),
+                formula="gradient_as_bucket_view=False (default) keeps a second full copy of the "
+                "gradients in buckets (torch DistributedDataParallel docstring)"))
+        else:
+            n = min(DS_REDUCE_BUCKET, t_numel)
+            out.append(Item(
+                category=Category.COMMUNICATION, name="ZeRO reduce bucket",
+                bytes=math.ceil(n * gb), phases=(B,),
+                formula="reduce_bucket_size = 5e8 elements (DeepSpeed default)"))
+            p_numel = sum(h.numel for h in stage.held)
+            out.append(Item(
+                category=Category.COMMUNICATION, name="ZeRO all-gather bucket",
+                bytes=math.ceil(min(DS_REDUCE_BUCKET, p_numel) * cb), phases=(O,),
+                formula="allgather_bucket_size = 5e8 elements for the updated parameters "
+                "(DeepSpeed default)"))
+    return out

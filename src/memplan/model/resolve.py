@@ -1,0 +1,117 @@
+"""Turn what a user types as MODEL into a ``ModelSpec``.
+
+Order: the shipped catalog (HF id or alias) -> a local ``config.json`` or model directory ->
+a ``package.module:function`` factory -> the local Hugging Face cache -> the Hub (config.json
+only, and only when online). Offline and not found: a clear error saying how to supply a config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelConfigError, UnknownModel, did_you_mean
+from .catalog import catalog, find
+from .hf import from_hf_config
+from .spec import ModelSpec
+
+__all__ = ["load_model", "read_config_json"]
+
+
+def read_config_json(path: Path) -> dict[str, Any]:
+    """Parse a config.json, naming the file, line and column on malformed JSON."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ModelConfigError(f"cannot read {path}: {e.strerror}.") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ModelConfigError(
+            f"{path}:{e.lineno}:{e.colno}: malformed JSON ({e.msg}). "
+            "Expected a Hugging Face config.json object."
+        ) from None
+    if not isinstance(data, dict):
+        raise ModelConfigError(f"{path}: expected a JSON object, got {type(data).__name__}.")
+    return data
+
+
+def _hf_cache_dirs() -> list[Path]:
+    """Where huggingface_hub keeps downloads (HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub)."""
+    dirs = []
+    if os.environ.get("HF_HUB_CACHE"):
+        dirs.append(Path(os.environ["HF_HUB_CACHE"]))
+    if os.environ.get("HF_HOME"):
+        dirs.append(Path(os.environ["HF_HOME"]) / "hub")
+    dirs.append(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "huggingface" / "hub")
+    return dirs
+
+
+def _from_hf_cache(repo_id: str) -> Path | None:
+    folder = "models--" + repo_id.replace("/", "--")
+    for base in _hf_cache_dirs():
+        snapshots = base / folder / "snapshots"
+        if snapshots.is_dir():
+            found = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime)
+            if found:
+                return found[-1]
+    return None
+
+
+def _from_hub(repo_id: str) -> Path | None:
+    """Download only config.json, when huggingface_hub is installed and we are not offline."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return None
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        return None
+    try:
+        return Path(hf_hub_download(repo_id, "config.json"))
+    except Exception:  # noqa: BLE001 - any hub failure means "not available here"
+        return None
+
+
+def _looks_like_repo_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
+
+
+def load_model(name: str) -> ModelSpec:
+    """Resolve ``name`` (catalog id, path, ``module:function`` or Hub id) to a ``ModelSpec``.
+
+    Raises:
+        UnknownModel: nothing matched; the message lists close catalog matches and the ways
+            to supply a config.
+        ModelConfigError / UnsupportedModel: the config was found but cannot be described.
+    """
+    entry = find(name)
+    if entry is not None:
+        return from_hf_config(entry.config(), entry.id, where=f"catalog:{entry.file}",
+                              source=f"memplan catalog ({entry.source})")
+    path = Path(name).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.is_file():
+            raise ModelConfigError(f"{name}: directory has no config.json.")
+    if path.is_file():
+        return from_hf_config(read_config_json(path), name, where=str(path), source=str(path))
+    if ":" in name and not name.startswith(("/", ".")):
+        from .module import from_factory
+
+        return from_factory(name)
+    if _looks_like_repo_id(name):
+        found = _from_hf_cache(name) or _from_hub(name)
+        if found is not None:
+            return from_hf_config(read_config_json(found), name, where=str(found),
+                                  source=f"Hugging Face config.json ({found})")
+    ids = list(catalog()) + [a for e in catalog().values() for a in e.aliases]
+    raise UnknownModel(
+        f"model {name!r} is not in the catalog, not a local file, and no config.json for it was "
+        f"found in the Hugging Face cache (or the Hub is unreachable/offline).{did_you_mean(name, ids)}"
+        " Fix: pass a path to its config.json or model directory, download it first with "
+        "`huggingface-cli download <id> config.json`, or pass a 'package.module:function' "
+        "factory. `memplan models` lists the catalog."
+    )

@@ -1,0 +1,143 @@
+"""Rich tables for ``Breakdown``s and the catalogs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from ..breakdown import Breakdown, Category, Pool, RankBreakdown
+from ..units import fmt_bytes, fmt_count
+
+_WHERE = {Pool.ALLOCATED: "GPU", Pool.RESERVED: "GPU (slack)", Pool.DEVICE: "GPU (outside torch)",
+          Pool.HOST: "host RAM", Pool.NVME: "NVMe"}
+
+
+def _recipe_line(r: dict[str, Any]) -> str:
+    parts = [f"{r['precision']}", f"{r['optimizer']}", f"method={r['method']}"]
+    if r["method"] in ("lora", "qlora"):
+        parts.append(f"r={r['lora_rank']} on {','.join(r['lora_targets'])}")
+    if r["method"] == "qlora":
+        parts.append(f"base={r['quant']}")
+    parts += [f"micro-batch {r['micro_batch']} x {r['seq_len']} tokens",
+              f"grad-accum {r['grad_accum']}", f"{r['gpus']} GPU(s): dp={r['dp']}"]
+    for k in ("tp", "pp", "cp", "ep"):
+        if r[k] > 1:
+            parts.append(f"{k}={r[k]}")
+    if r["zero"]:
+        parts.append(f"ZeRO-{r['zero']}")
+    if r["offload"] != "none":
+        parts.append(f"offload={r['offload']}")
+    return ", ".join(parts)
+
+
+def _rank_table(rank: RankBreakdown) -> Table:
+    t = Table(title=f"{rank.role} ({rank.ranks} rank{'s' if rank.ranks != 1 else ''})",
+              title_justify="left", show_edge=False, pad_edge=False)
+    t.add_column("category")
+    t.add_column("item")
+    t.add_column("bytes", justify="right")
+    t.add_column("where")
+    t.add_column("live in")
+    order = list(Category)
+    for i in sorted(rank.items, key=lambda i: (order.index(i.category), -i.bytes)):
+        phases = "whole step" if len(i.phases) == 3 else ", ".join(i.phases)
+        t.add_row(str(i.category), i.name, fmt_bytes(i.bytes), _WHERE[i.pool], phases)
+    for c in rank.unmodelled:
+        t.add_row(str(c), Text("not modelled yet", style="yellow"), "?", "", "")
+    return t
+
+
+def _totals(rank: RankBreakdown, capacity: int) -> Table:
+    t = Table(show_header=False, show_edge=False, pad_edge=False, box=None)
+    t.add_column(justify="right")
+    t.add_column()
+    timeline = "  ".join(f"{p}: {fmt_bytes(b)}" for p, b in rank.timeline.items())
+    t.add_row("timeline (allocated)", timeline)
+    t.add_row("peak allocated", f"{fmt_bytes(rank.peak_allocated_bytes)}  (during {rank.peak_phase})"
+              "  = torch.cuda.max_memory_allocated")
+    t.add_row("peak reserved", f"{fmt_bytes(rank.peak_reserved_bytes)}  = max_memory_reserved")
+    t.add_row("device total", f"{fmt_bytes(rank.device_total_bytes)}  = nvidia-smi")
+    for pool in (Pool.HOST, Pool.NVME):
+        if rank.off_gpu_bytes(pool):
+            t.add_row(f"offloaded to {_WHERE[pool]}", fmt_bytes(rank.off_gpu_bytes(pool)))
+    head = capacity - rank.device_total_bytes
+    verdict = Text("fits", style="bold green") if head >= 0 else Text("does NOT fit",
+                                                                       style="bold red")
+    t.add_row("verdict", Text.assemble(verdict, f"  (capacity {fmt_bytes(capacity)}, headroom "
+                                                f"{fmt_bytes(head)})"))
+    return t
+
+
+def render_breakdown(b: Breakdown) -> RenderableType:
+    """The ``memplan estimate`` table: header, per-role items, totals and verdict."""
+    m, r = b.model, b.recipe
+    title = Text.assemble(
+        ("memplan ", "bold"), (b.source, "bold cyan"), "  ", (m["id"], "bold"), " on ",
+        (b.device["name"], "bold"), f" ({fmt_bytes(b.capacity_bytes)})")
+    lines: list[RenderableType] = [
+        title,
+        Text(f"model: {fmt_count(m['params'])} params ({m['params']:,}), trainable "
+             f"{fmt_count(m['trainable_params'])} ({m['trainable_params']:,}); "
+             f"{m['layers']} layers; source: {m['source']}"),
+        Text(f"recipe: {_recipe_line(r)}"),
+        Text(""),
+    ]
+    shown: Iterable[RankBreakdown] = b.ranks if len(b.ranks) <= 2 else (b.ranks[0], b.worst)
+    if len(b.ranks) > 2:
+        lines.append(_summary(b))
+        lines.append(Text(""))
+    seen = set()
+    for rank in shown:
+        if rank.role in seen:
+            continue
+        seen.add(rank.role)
+        lines += [_rank_table(rank), _totals(rank, b.capacity_bytes), Text("")]
+    for note in m.get("notes", []):
+        lines.append(Text(f"note: {note}", style="dim"))
+    if any(rank.unmodelled for rank in b.ranks):
+        lines.append(Text("Categories marked 'not modelled yet' are missing from the totals: "
+                          "the totals are a lower bound.", style="yellow"))
+    return Group(*lines)
+
+
+def _summary(b: Breakdown) -> Table:
+    t = Table(title="per pipeline stage", title_justify="left", show_edge=False)
+    t.add_column("role")
+    for c in (Category.PARAMS, Category.GRADIENTS, Category.OPTIMIZER, Category.COMMUNICATION):
+        t.add_column(str(c), justify="right")
+    t.add_column("peak allocated", justify="right")
+    t.add_column("device total", justify="right")
+    for rank in b.ranks:
+        cats = rank.categories_at_peak()
+        t.add_row(rank.role, *(fmt_bytes(cats[c]) for c in (Category.PARAMS, Category.GRADIENTS,
+                                                            Category.OPTIMIZER,
+                                                            Category.COMMUNICATION)),
+                  fmt_bytes(rank.peak_allocated_bytes), fmt_bytes(rank.device_total_bytes))
+    return t
+
+
+def render_models(rows: list[dict[str, Any]]) -> Table:
+    t = Table(title="memplan model catalog (offline)", title_justify="left")
+    for col, just in (("id", "left"), ("type", "left"), ("params", "right"), ("layers", "right"),
+                      ("hidden", "right"), ("vocab", "right")):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for r in rows:
+        t.add_row(r["id"], r["model_type"], fmt_count(r["params"]), str(r["layers"]),
+                  str(r["hidden_size"]), str(r["vocab_size"]))
+    return t
+
+
+def render_devices(rows: list[dict[str, Any]]) -> Table:
+    t = Table(title="memplan GPU catalog", title_justify="left")
+    for col, just in (("name", "left"), ("memory", "right"), ("HBM GB/s", "right"),
+                      ("bf16 TFLOP/s", "right"), ("interconnect", "left"), ("aliases", "left")):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for r in rows:
+        bf16 = r["tflops"].get("bf16")
+        t.add_row(r["name"], fmt_bytes(r["capacity_bytes"]), f"{r['hbm_gb_per_s'] or '?'}",
+                  f"{bf16:g}" if bf16 else "-", r["interconnect"], ", ".join(r["aliases"]))
+    return t

@@ -1,0 +1,103 @@
+"""Exact parameter counts: memplan's structural count vs transformers models built on the meta
+device (no memory), for every catalog entry transformers can build, plus published totals."""
+
+from __future__ import annotations
+
+import pytest
+
+from memplan.model import catalog, load_model
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+# The model class each family trains with (our counts describe that class).
+_SEQ2SEQ = {"t5"}
+_MASKED = {"bert"}
+
+def _t5_forced_tie(model_id: str, spec) -> int:
+    """transformers 5.x ``T5Config`` forces ``tie_word_embeddings = True`` (configuration_t5.py:
+    "we tie weights always"), so FLAN-T5 built by transformers 5 shares lm_head with the input
+    embedding; the checkpoints and the published totals have a separate lm_head (V x d)."""
+    cfg = catalog()[model_id].config()
+    if cfg["model_type"] == "t5" and cfg.get("tie_word_embeddings") is False:
+        return spec.vocab_size * spec.hidden_size
+    return 0
+
+
+def _build_on_meta(config_dict: dict):
+    from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM,
+                              AutoModelForSeq2SeqLM)
+
+    data = dict(config_dict)
+    model_type = data.pop("model_type")
+    cfg = AutoConfig.for_model(model_type, **data)
+    if model_type in _SEQ2SEQ:
+        cls = AutoModelForSeq2SeqLM
+    elif model_type in _MASKED:
+        cls = AutoModelForMaskedLM
+    elif model_type == "gemma3":
+        from transformers import Gemma3ForConditionalGeneration
+
+        with torch.device("meta"):
+            return Gemma3ForConditionalGeneration(cfg)
+    else:
+        cls = AutoModelForCausalLM
+    with torch.device("meta"):
+        return cls.from_config(cfg)
+
+
+def _count(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+ENTRIES = sorted(catalog())
+
+
+@pytest.mark.parametrize("model_id", ENTRIES)
+def test_total_matches_transformers(model_id: str) -> None:
+    entry = catalog()[model_id]
+    spec = load_model(model_id)
+    hf = _build_on_meta(entry.config())
+    assert spec.num_params == _count(hf) + _t5_forced_tie(model_id, spec)
+
+
+@pytest.mark.parametrize("model_id", [i for i in ENTRIES if catalog()[i].published_params])
+def test_total_matches_published(model_id: str) -> None:
+    """Published totals (model cards, papers, HF safetensors metadata) cited in models.toml."""
+    entry = catalog()[model_id]
+    got = load_model(model_id).num_params
+    published = entry.published_params
+    if model_id.startswith("meta-llama/Llama-2"):
+        # Llama 2 checkpoints also store rotary inv_freq buffers: 64 per layer (models.toml notes).
+        published -= 64 * load_model(model_id).num_layers
+    assert got == published, entry.published_params_source
+
+
+def test_per_component_counts_llama() -> None:
+    """Per-component split of Llama-3.1-8B against the transformers module tree."""
+    spec = load_model("meta-llama/Llama-3.1-8B")
+    hf = _build_on_meta(catalog()["meta-llama/Llama-3.1-8B"].config())
+    by_name: dict[str, int] = {"embedding": 0, "attention": 0, "mlp": 0, "norm": 0, "head": 0}
+    for name, p in hf.named_parameters():
+        if "embed_tokens" in name:
+            by_name["embedding"] += p.numel()
+        elif "self_attn" in name:
+            by_name["attention"] += p.numel()
+        elif ".mlp." in name:
+            by_name["mlp"] += p.numel()
+        elif "norm" in name:
+            by_name["norm"] += p.numel()
+        else:
+            by_name["head"] += p.numel()
+    assert spec.params_by_component() == by_name
+
+
+@pytest.mark.parametrize("model_id", ["mistralai/Mixtral-8x7B-v0.1", "Qwen/Qwen3-30B-A3B",
+                                      "deepseek-ai/DeepSeek-V3"])
+def test_per_component_counts_moe(model_id: str) -> None:
+    """Experts vs the rest, for MoE models (what expert parallelism divides)."""
+    spec = load_model(model_id)
+    hf = _build_on_meta(catalog()[model_id].config())
+    experts = sum(p.numel() for n, p in hf.named_parameters()
+                  if ".experts." in n and "shared" not in n)
+    assert spec.params_by_component()["experts"] == experts
