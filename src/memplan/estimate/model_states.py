@@ -87,14 +87,15 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]:
     persistent = recipe.grad_accum > 1 or recipe.grad_dtype == "fp32"
     grad_phases = ALL_PHASES if persistent else (B, O)
     why = " kept across micro-batches (grad_accum > 1)" if recipe.grad_accum > 1 else ""
-    grads = [(h, h.numel * gb) for h in trainable]
+    # torch gives a gradient its parameter's dtype: LoRA adapters keep the adapter dtype.
+    grads = [(h, h.numel * (ab if h.adapter else gb)) for h in trainable]
     if off != "none" and z >= 2:
         add(Category.GRADIENTS, "fp32 gradient partition (offloaded)",
             [(h, h.numel * 4.0) for h in trainable], shard=True, pool=state_pool,
             formula="ZeRO-Offload copies each reduced gradient partition to pinned host memory "
             "in fp32 (Ren et al. 2021, arXiv 2101.06840, §4)")
     else:
-        add(Category.GRADIENTS, f"gradients ({dt.grad}){why}", grads, shard=z >= 2,
+        add(Category.GRADIENTS, f"gradients{why}", grads, shard=z >= 2,
             phases=grad_phases, formula=f"trainable elements x {gb:g} B")
     if dt.master and z >= 1 and off == "none" and gb < 4:
         limit = DS_SUB_GROUP if z == 3 else None
@@ -109,8 +110,11 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]:
             "(stage_1_and_2.py; ZeRO-3 one sub_group of 1e9 elements at a time)" + shard_note))
 
     # -- optimizer states and master weights ---------------------------------------------------
-    add(Category.OPTIMIZER, f"{recipe.optimizer} states ({dt.state})",
-        [(h, optimizer_state_bytes(h, recipe.optimizer, dt.state)) for h in trainable],
+    # torch optimizers allocate states like the parameter: fp32 adapters get fp32 states.
+    adapter_state = "fp32" if dt.state == "fp32" else recipe.adapter_dtype
+    add(Category.OPTIMIZER, f"{recipe.optimizer} states",
+        [(h, optimizer_state_bytes(h, recipe.optimizer, adapter_state if h.adapter else dt.state))
+         for h in trainable],
         shard=z >= 1, pool=state_pool, formula="see estimate/states.py:optimizer_state_bytes")
     if dt.master:
         add(Category.OPTIMIZER, "fp32 master weights", [(h, h.numel * 4.0) for h in base],

@@ -14,6 +14,15 @@ from ..units import fmt_bytes, fmt_count
 
 _WHERE = {Pool.ALLOCATED: "GPU", Pool.RESERVED: "GPU (slack)", Pool.DEVICE: "GPU (outside torch)",
           Pool.HOST: "host RAM", Pool.NVME: "NVMe"}
+_SUFFIX = {Pool.ALLOCATED: "", Pool.RESERVED: " (allocator slack)", Pool.DEVICE: " (outside torch)",
+           Pool.HOST: " -> host RAM", Pool.NVME: " -> NVMe"}
+_SHORT = {"forward": "fwd", "backward": "bwd", "optimizer-step": "opt"}
+
+
+def _phases(phases: tuple[Any, ...]) -> str:
+    if len(phases) == 3:
+        return "all"
+    return "+".join(_SHORT[str(p)] for p in phases)
 
 
 def _recipe_line(r: dict[str, Any]) -> str:
@@ -37,17 +46,15 @@ def _recipe_line(r: dict[str, Any]) -> str:
 def _rank_table(rank: RankBreakdown) -> Table:
     t = Table(title=f"{rank.role} ({rank.ranks} rank{'s' if rank.ranks != 1 else ''})",
               title_justify="left", show_edge=False, pad_edge=False)
-    t.add_column("category")
-    t.add_column("item")
-    t.add_column("bytes", justify="right")
-    t.add_column("where")
-    t.add_column("live in")
+    t.add_column("category", no_wrap=True)
+    t.add_column("item", ratio=1)
+    t.add_column("bytes", justify="right", no_wrap=True)
+    t.add_column("live", no_wrap=True)
     order = list(Category)
     for i in sorted(rank.items, key=lambda i: (order.index(i.category), -i.bytes)):
-        phases = "whole step" if len(i.phases) == 3 else ", ".join(i.phases)
-        t.add_row(str(i.category), i.name, fmt_bytes(i.bytes), _WHERE[i.pool], phases)
+        t.add_row(str(i.category), i.name + _SUFFIX[i.pool], fmt_bytes(i.bytes), _phases(i.phases))
     for c in rank.unmodelled:
-        t.add_row(str(c), Text("not modelled yet", style="yellow"), "?", "", "")
+        t.add_row(str(c), Text("not modelled yet", style="yellow"), "?", "")
     return t
 
 
@@ -56,7 +63,7 @@ def _totals(rank: RankBreakdown, capacity: int) -> Table:
     t.add_column(justify="right")
     t.add_column()
     timeline = "  ".join(f"{p}: {fmt_bytes(b)}" for p, b in rank.timeline.items())
-    t.add_row("timeline (allocated)", timeline)
+    t.add_row("allocated by phase", timeline)
     t.add_row("peak allocated", f"{fmt_bytes(rank.peak_allocated_bytes)}  (during {rank.peak_phase})"
               "  = torch.cuda.max_memory_allocated")
     t.add_row("peak reserved", f"{fmt_bytes(rank.peak_reserved_bytes)}  = max_memory_reserved")
@@ -82,8 +89,10 @@ def render_breakdown(b: Breakdown) -> RenderableType:
         title,
         Text(f"model: {fmt_count(m['params'])} params ({m['params']:,}), trainable "
              f"{fmt_count(m['trainable_params'])} ({m['trainable_params']:,}); "
-             f"{m['layers']} layers; source: {m['source']}"),
+             f"{m['layers']} layers; config: {m['source'].split(' (')[0]}"),
         Text(f"recipe: {_recipe_line(r)}"),
+        Text("live: phases of the step a line occupies memory (fwd, bwd, opt = optimizer step)",
+             style="dim"),
         Text(""),
     ]
     shown: Iterable[RankBreakdown] = b.ranks if len(b.ranks) <= 2 else (b.ranks[0], b.worst)
