@@ -144,3 +144,9 @@ def test_estimate_does_not_import_torch():
             "estimate_from_names('Qwen/Qwen3-30B-A3B', 'H100-80GB', overrides={'gpus': 8, "
             "'ep': 8, 'zero': 1}); assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_ambiguous_gpu_lists_the_sizes():
+    r = _run("estimate", "gpt2", "--gpu", "A100")
+    assert r.exit_code == 2
+    assert "'A100-40GB'" in r.output and "'A100-80GB'" in r.output

@@ -71,12 +71,14 @@ class UnsupportedModel(MemplanError):
 
 
 def close_matches(value: str, choices: Iterable[str], n: int = 3) -> list[str]:
-    """Up to ``n`` entries of ``choices`` that look like ``value`` (case-insensitive)."""
-    choices = list(choices)
+    """Up to ``n`` entries of ``choices`` that look like ``value`` (case-insensitive): names that
+    contain it first (``A100`` -> ``A100-40GB``), then spelling neighbours (difflib)."""
+    choices = list(dict.fromkeys(choices))
+    key = value.lower()
+    contains = [c for c in choices if key and key in c.lower()]
     lowered = {c.lower(): c for c in choices}
-    hits = difflib.get_close_matches(value.lower(), list(lowered), n=n, cutoff=0.5)
-    substring = [c for c in choices if value.lower() in c.lower() and lowered[c.lower()] not in hits]
-    return [lowered[h] for h in hits] + substring[: max(0, n - len(hits))]
+    similar = [lowered[h] for h in difflib.get_close_matches(key, list(lowered), n=n, cutoff=0.5)]
+    return list(dict.fromkeys(contains + similar))[:n]
 
 
 def did_you_mean(value: str, choices: Iterable[str]) -> str:
