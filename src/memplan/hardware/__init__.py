@@ -92,8 +92,9 @@ def devices() -> dict[str, Device]:
     return {row["name"]: _row(row) for row in tomllib.loads(text)["device"]}
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[\s_\-]", "", name.lower())
+def normalize_name(name: str) -> str:
+    """Catalog-name matching key: case, spaces, '-', '_' and '.' do not matter."""
+    return re.sub(r"[\s_\-.]", "", name.lower())
 
 
 def get_device(name: str) -> Device:
@@ -102,9 +103,9 @@ def get_device(name: str) -> Device:
     Raises:
         UnknownDevice: no such device; the message suggests close names.
     """
-    key = _norm(name)
+    key = normalize_name(name)
     for dev in devices().values():
-        if key == _norm(dev.name) or key in (_norm(a) for a in dev.aliases):
+        if key == normalize_name(dev.name) or key in (normalize_name(a) for a in dev.aliases):
             return dev
     names = list(devices()) + [a for d in devices().values() for a in d.aliases]
     raise UnknownDevice(

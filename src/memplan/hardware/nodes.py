@@ -3,7 +3,6 @@ each with its source. Used by the host-RAM / NVMe / bandwidth planning (issue #5
 
 from __future__ import annotations
 
-import re
 import tomllib
 from dataclasses import dataclass
 from functools import cache
@@ -11,7 +10,7 @@ from importlib import resources
 from typing import Any
 
 from ..errors import UnknownName, did_you_mean
-from . import Device, get_device
+from . import Device, get_device, normalize_name
 
 __all__ = ["Node", "nodes", "get_node"]
 
@@ -57,15 +56,11 @@ def nodes() -> dict[str, Node]:
     return out
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[\s_\-.]", "", name.lower())
-
-
 def get_node(name: str) -> Node:
     """The node preset called ``name`` or one of its aliases; ``UnknownName`` with close matches."""
-    key = _norm(name)
+    key = normalize_name(name)
     for node in nodes().values():
-        if key == _norm(node.name) or key in (_norm(a) for a in node.aliases):
+        if key == normalize_name(node.name) or key in (normalize_name(a) for a in node.aliases):
             return node
     names = list(nodes()) + [a for n in nodes().values() for a in n.aliases]
     raise UnknownName(f"node {name!r} is not in the catalog.{did_you_mean(name, names)} "
