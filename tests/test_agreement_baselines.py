@@ -8,19 +8,12 @@ Each deliberate difference is asserted exactly, so a change in either side shows
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from memplan import Category, Phase, Pool, Recipe, estimate
+from memplan.estimate.overhead import CUBLAS_HANDLES, cublas_workspace_bytes
 
 STATES = (Category.PARAMS, Category.GRADIENTS, Category.OPTIMIZER)
-
-
-@dataclass
-class Case:
-    zero: int
-    offload: str = "none"
 
 
 def _gpu_bytes(b, categories, phase: Phase) -> int:
@@ -85,22 +78,19 @@ def test_deepspeed_zero3_offload_optimizer(llama8b, h100):
     """DeepSpeed: 4L + 2P/N; ours 6L + 2P/N (the +2L of the prefetched unit, as above)."""
     P, L = llama8b.num_params, llama8b.largest_layer_numel()
     b = _run(llama8b, h100, zero=3, offload="optimizer")
-    on_gpu = b.ranks[0].peak_allocated_bytes - 64 * 1024**2  # minus cuBLAS workspaces
+    on_gpu = b.ranks[0].peak_allocated_bytes - CUBLAS_HANDLES * cublas_workspace_bytes(h100)
     assert on_gpu == pytest.approx(4 * L + 2 * P / N + 2 * L, abs=64)
 
 
 def test_deepspeed_zero3_offload_all(llama8b, h100):
     """DeepSpeed: 4L with parameters and optimizer offloaded; ours 6L (prefetched unit)."""
-    L = llama8b.largest_layer_numel()
+    P, L = llama8b.num_params, llama8b.largest_layer_numel()
     b = _run(llama8b, h100, zero=3, offload="params+optimizer")
-    assert b.ranks[0].peak_allocated_bytes - 64 * 1024**2 == pytest.approx(6 * L, abs=64)
+    workspaces = CUBLAS_HANDLES * cublas_workspace_bytes(h100)
+    assert b.ranks[0].peak_allocated_bytes - workspaces == pytest.approx(6 * L, abs=64)
     # Host holds 2 B params + 4 B fp32 grads + 4 B master + 8 B Adam = 18 B/param over the ranks
     # (DeepSpeed's 18P/nodes before its 1.5 factor).
-    assert _host_bytes(b) * N == pytest.approx(18 * P_of(llama8b), abs=64 * N)
-
-
-def P_of(model) -> int:  # noqa: N802 - reads like the formulas above
-    return model.num_params
+    assert _host_bytes(b) * N == pytest.approx(18 * P, abs=64 * N)
 
 
 def test_megatron_bytes_per_param(llama8b, h100):

@@ -176,10 +176,6 @@ class Recipe:
     def local_gpus(self) -> int:
         return self.gpus_per_node or min(self.gpus, 8)
 
-    @property
-    def tokens_per_micro_batch(self) -> int:
-        return self.micro_batch * self.seq_len
-
     # ---- construction ---------------------------------------------------------------------
 
     @classmethod

@@ -348,6 +348,21 @@ def _replay(w: _Window, tracker: _StorageTracker) -> dict[str, int]:
     return cats
 
 
+def _mark_grads(tracker: Any, params: list[Any]) -> None:
+    """Categorise every parameter's current ``.grad`` storage as a gradient."""
+    for p in params:
+        if p.grad is not None:
+            for rec in tracker.see(p.grad):
+                rec.grad = True
+
+
+def _mark_optimizer_state(tracker: Any, optimizer: Any) -> None:
+    """Categorise every tensor held in ``optimizer.state`` as optimizer state."""
+    for t in _optimizer_tensors(optimizer):
+        for rec in tracker.see(t):
+            rec.opt = True
+
+
 def measure_step(
     model: torch.nn.Module,
     batch: dict,
@@ -386,13 +401,8 @@ def measure_step(
                 for t in params + buffers:
                     for rec in tracker.see(t):
                         rec.param = True
-                for p in params:
-                    if p.grad is not None:
-                        for rec in tracker.see(p.grad):
-                            rec.grad = True
-                for t in _optimizer_tensors(optimizer):
-                    for rec in tracker.see(t):
-                        rec.opt = True
+                _mark_grads(tracker, params)
+                _mark_optimizer_state(tracker, optimizer)
                 for t in _tensors(batch):
                     tracker.see(t)
 
@@ -414,21 +424,13 @@ def measure_step(
                 tracker.phase = "backward"
                 tracker.check_peak()
                 loss.backward()
-                for p in params:
-                    if p.grad is not None:
-                        for rec in tracker.see(p.grad):
-                            rec.grad = True
+                _mark_grads(tracker, params)
 
                 tracker.phase = "optimizer-step"
                 tracker.check_peak()
                 optimizer.step()
-                for t in _optimizer_tensors(optimizer):
-                    for rec in tracker.see(t):
-                        rec.opt = True
-                for p in params:
-                    if p.grad is not None:
-                        for rec in tracker.see(p.grad):
-                            rec.grad = True
+                _mark_optimizer_state(tracker, optimizer)
+                _mark_grads(tracker, params)
 
                 tracker.phase = None
                 tracker.window = None
