@@ -17,9 +17,9 @@ STATES = (Category.PARAMS, Category.GRADIENTS, Category.OPTIMIZER)
 
 
 def _gpu_bytes(b, categories, phase: Phase) -> int:
-    rank = b.ranks[0]
-    return sum(i.bytes for i in rank.items if i.category in categories and phase in i.phases
-               and i.pool is Pool.ALLOCATED)
+    """Allocated bytes of ``categories`` at the largest steady-state moment of ``phase``."""
+    moment = b.ranks[0].phase_moment(phase)
+    return sum(i.bytes for i in moment.items if i.category in categories)
 
 
 def _host_bytes(b) -> int:

@@ -9,7 +9,7 @@ Public API::
 """
 
 from .api import estimate_from_names, load_recipe
-from .breakdown import Breakdown, Category, Item, Phase, Pool, RankBreakdown
+from .breakdown import Breakdown, Category, Item, Moment, Phase, Pool, RankBreakdown, Step
 from .errors import ConfigError, MemplanError, UnknownDevice, UnknownModel
 from .estimate import estimate
 from .hardware import Device, get_device
@@ -26,10 +26,12 @@ __all__ = [
     "Item",
     "MemplanError",
     "ModelSpec",
+    "Moment",
     "Phase",
     "Pool",
     "RankBreakdown",
     "Recipe",
+    "Step",
     "UnknownDevice",
     "UnknownModel",
     "estimate",

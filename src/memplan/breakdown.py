@@ -1,10 +1,12 @@
 """``Breakdown``: the one result type. The estimator, the tracer and the measurer all fill it,
 so comparing a plan with reality needs no extra code.
 
-A ``Breakdown`` holds, for each distinct *role* of rank (one pipeline stage, say), a list of
-``Item``s: named byte counts, each in a ``Category``, each live during some ``Phase``s of the
-training step. Totals per phase make the step's timeline; the peak is the largest phase total,
-never a ``max`` over labels.
+A ``Breakdown`` holds, for each distinct *role* of rank (one pipeline stage, say), the step's
+*timeline*: a sequence of ``Moment``s (forward layer by layer, the loss, backward layer by layer,
+the optimizer step), each listing the ``Item``s allocated at that instant. Two steps are
+described: the ``first`` (optimizer states created lazily inside it) and the ``steady`` state.
+The peak is the largest moment of the timeline, never a ``max`` over labels; ``items`` are the
+lines live at that moment plus the memory outside PyTorch's allocator.
 
 Where a byte lives (``Pool``) decides which counter sees it:
 
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["Category", "Phase", "Pool", "Item", "RankBreakdown", "Breakdown"]
+__all__ = ["Category", "Phase", "Step", "Pool", "Item", "Moment", "RankBreakdown", "Breakdown"]
 
 
 class Category(StrEnum):
@@ -36,7 +38,7 @@ class Category(StrEnum):
 
 
 class Phase(StrEnum):
-    """Moments of one training step, in order."""
+    """Phases of one training step, in order."""
 
     FORWARD = "forward"
     BACKWARD = "backward"
@@ -44,6 +46,15 @@ class Phase(StrEnum):
 
 
 ALL_PHASES: tuple[Phase, ...] = tuple(Phase)
+
+
+class Step(StrEnum):
+    """Which training step a moment belongs to."""
+
+    FIRST = "first"
+    """Step 0: lazily created state (torch optimizers' ``exp_avg``...) appears inside it."""
+    STEADY = "steady"
+    """Any later step: everything that persists across steps is there from the start."""
 
 
 class Pool(StrEnum):
@@ -66,33 +77,56 @@ class Item:
     """Human-readable line label, e.g. ``fp32 master weights``."""
     bytes: int
     """Size in bytes (per rank)."""
-    phases: tuple[Phase, ...] = ALL_PHASES
-    """Phases of the step during which these bytes are live."""
     pool: Pool = Pool.ALLOCATED
     """Which memory holds them (see module docstring)."""
     formula: str = ""
     """How the number was obtained: formula and source, or 'measured'."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "category": str(self.category),
-            "name": self.name,
-            "bytes": self.bytes,
-            "phases": [str(p) for p in self.phases],
-            "pool": str(self.pool),
-            "formula": self.formula,
-        }
+        return {"category": str(self.category), "name": self.name, "bytes": self.bytes,
+                "pool": str(self.pool), "formula": self.formula}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Item:
-        return cls(
-            category=Category(d["category"]),
-            name=d["name"],
-            bytes=int(d["bytes"]),
-            phases=tuple(Phase(p) for p in d.get("phases", [p.value for p in ALL_PHASES])),
-            pool=Pool(d.get("pool", "allocated")),
-            formula=d.get("formula", ""),
-        )
+        return cls(category=Category(d["category"]), name=d["name"], bytes=int(d["bytes"]),
+                   pool=Pool(d.get("pool", "allocated")), formula=d.get("formula", ""))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Moment:
+    """One instant of a training step and the allocated memory live at it."""
+
+    step: Step
+    """The first step or the steady state."""
+    phase: Phase
+    """The phase the instant belongs to."""
+    label: str
+    """What happens at the instant, e.g. ``backward: loss`` or ``forward: layer 31``."""
+    items: tuple[Item, ...]
+    """Allocated-pool lines live at the instant."""
+
+    @property
+    def allocated_bytes(self) -> int:
+        return sum(i.bytes for i in self.items)
+
+    def categories(self) -> dict[Category, int]:
+        """Bytes per category (every category present, 0 if none)."""
+        out = dict.fromkeys(Category, 0)
+        for i in self.items:
+            out[i.category] += i.bytes
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Summary form for JSON: totals per category, not the items."""
+        return {"step": str(self.step), "phase": str(self.phase), "label": self.label,
+                "allocated_bytes": self.allocated_bytes,
+                "categories": {str(c): b for c, b in self.categories().items() if b}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Moment:
+        items = tuple(Item(category=Category(c), name=c, bytes=int(b))
+                      for c, b in d.get("categories", {}).items())
+        return cls(step=Step(d["step"]), phase=Phase(d["phase"]), label=d["label"], items=items)
 
 
 _ON_GPU = (Pool.ALLOCATED, Pool.RESERVED, Pool.DEVICE)
@@ -103,84 +137,144 @@ class RankBreakdown:
     """Memory of one role of rank; ``ranks`` ranks share it."""
 
     role: str
-    """E.g. ``all ranks``, ``pp stage 0 (embedding)``."""
+    """E.g. ``every rank``, ``pp stage 0 (layers 0-9, embedding)``."""
     ranks: int
     """How many ranks of the job have this role."""
-    items: tuple[Item, ...]
-    """Every line that makes up this rank's memory."""
+    moments: tuple[Moment, ...]
+    """The step's timeline, in order (first step, then steady state). Never empty."""
+    outside: tuple[Item, ...] = ()
+    """Lines outside the allocated pool at the peak: allocator slack (``RESERVED``), memory
+    outside PyTorch (``DEVICE``) and offloaded states (``HOST``, ``NVME``)."""
     unmodelled: tuple[Category, ...] = ()
-    """Categories this producer does not (yet) account for: their 0 means 'unknown', not 'none'."""
+    """Categories this producer does not account for: their 0 means 'unknown', not 'none'."""
     notes: tuple[str, ...] = field(default=())
     """Caveats specific to this rank."""
 
-    def phase_bytes(self, phase: Phase, pools: tuple[Pool, ...] = (Pool.ALLOCATED,)) -> int:
-        """Bytes live during ``phase`` in the given pools."""
-        return sum(i.bytes for i in self.items if phase in i.phases and i.pool in pools)
+    def __post_init__(self) -> None:
+        if not self.moments:
+            raise ValueError(f"RankBreakdown {self.role!r} needs at least one moment")
+        if any(i.pool == Pool.ALLOCATED for i in self.outside):
+            raise ValueError("allocated lines belong in moments, not in 'outside'")
 
+    # -- the timeline ------------------------------------------------------------------
     @property
-    def timeline(self) -> dict[Phase, int]:
-        """Allocated bytes per phase of the step."""
-        return {p: self.phase_bytes(p) for p in ALL_PHASES}
+    def peak_moment(self) -> Moment:
+        """The moment with the most allocated bytes (the first one on a tie)."""
+        best = self.moments[0]
+        for m in self.moments[1:]:
+            if m.allocated_bytes > best.allocated_bytes:
+                best = m
+        return best
+
+    def step_peak(self, step: Step) -> int:
+        """Peak allocated bytes within ``step`` (0 when the producer did not describe it)."""
+        return max((m.allocated_bytes for m in self.moments if m.step == step), default=0)
+
+    def phase_peaks(self, step: Step = Step.STEADY) -> dict[Phase, int]:
+        """Peak allocated bytes of each phase of ``step`` (phases not described are absent)."""
+        out: dict[Phase, int] = {}
+        for m in self.moments:
+            if m.step == step:
+                out[m.phase] = max(out.get(m.phase, 0), m.allocated_bytes)
+        return out
+
+    def phase_moment(self, phase: Phase, step: Step = Step.STEADY) -> Moment:
+        """The largest moment of ``phase`` in ``step``."""
+        cands = [m for m in self.moments if m.step == step and m.phase == phase]
+        if not cands:
+            raise KeyError(f"no {step} {phase} moment in {self.role!r}")
+        return max(cands, key=lambda m: m.allocated_bytes)
 
     @property
     def peak_phase(self) -> Phase:
-        """The phase with the most allocated bytes (the first one on a tie)."""
-        timeline = self.timeline
-        return max(ALL_PHASES, key=lambda p: (timeline[p], -ALL_PHASES.index(p)))
+        return self.peak_moment.phase
+
+    @property
+    def peak_step(self) -> Step:
+        return self.peak_moment.step
+
+    @property
+    def first_step_peak_allocated_bytes(self) -> int:
+        return self.step_peak(Step.FIRST)
+
+    @property
+    def steady_peak_allocated_bytes(self) -> int:
+        return self.step_peak(Step.STEADY)
+
+    # -- totals at the peak ------------------------------------------------------------
+    @property
+    def items(self) -> tuple[Item, ...]:
+        """Every line at the peak: the peak moment's allocated lines, then the others."""
+        return self.peak_moment.items + self.outside
 
     @property
     def peak_allocated_bytes(self) -> int:
-        """What ``torch.cuda.max_memory_allocated`` would read."""
-        return self.timeline[self.peak_phase]
+        """What ``torch.cuda.max_memory_allocated`` would read over the whole run."""
+        return self.peak_moment.allocated_bytes
 
     @property
     def peak_reserved_bytes(self) -> int:
         """What ``torch.cuda.max_memory_reserved`` would read: allocated plus allocator slack."""
-        return self.phase_bytes(self.peak_phase, (Pool.ALLOCATED, Pool.RESERVED))
+        return self.peak_allocated_bytes + self.outside_bytes(Pool.RESERVED)
 
     @property
     def device_total_bytes(self) -> int:
         """What nvidia-smi would show for this process: reserved plus memory outside PyTorch."""
-        return self.phase_bytes(self.peak_phase, _ON_GPU)
+        return self.peak_reserved_bytes + self.outside_bytes(Pool.DEVICE)
+
+    def outside_bytes(self, pool: Pool) -> int:
+        return sum(i.bytes for i in self.outside if i.pool == pool)
+
+    def off_gpu_bytes(self, pool: Pool) -> int:
+        """Bytes this rank keeps in host RAM or on NVMe (offload)."""
+        return self.outside_bytes(pool)
 
     def categories_at_peak(self) -> dict[Category, int]:
-        """GPU bytes per category during the peak phase (every category present, 0 if none)."""
-        out = {c: 0 for c in Category}
+        """GPU bytes per category at the peak (every category present, 0 if none)."""
+        out = dict.fromkeys(Category, 0)
         for i in self.items:
-            if self.peak_phase in i.phases and i.pool in _ON_GPU:
+            if i.pool in _ON_GPU:
                 out[i.category] += i.bytes
         return out
 
-    def off_gpu_bytes(self, pool: Pool) -> int:
-        """Bytes this rank keeps in host RAM or on NVMe (offload), largest over the step."""
-        return max((self.phase_bytes(p, (pool,)) for p in ALL_PHASES), default=0)
-
     def to_dict(self) -> dict[str, Any]:
+        peak = self.peak_moment
         return {
             "role": self.role,
             "ranks": self.ranks,
             "categories": {str(c): b for c, b in self.categories_at_peak().items()},
             "unmodelled": [str(c) for c in self.unmodelled],
             "peak_allocated_bytes": self.peak_allocated_bytes,
+            "first_step_peak_allocated_bytes": self.first_step_peak_allocated_bytes,
+            "steady_peak_allocated_bytes": self.steady_peak_allocated_bytes,
             "peak_reserved_bytes": self.peak_reserved_bytes,
             "device_total_bytes": self.device_total_bytes,
-            "peak_phase": str(self.peak_phase),
-            "timeline": {str(p): b for p, b in self.timeline.items()},
+            "peak_phase": str(peak.phase),
+            "peak_step": str(peak.step),
+            "peak_moment": peak.label,
             "offloaded_host_bytes": self.off_gpu_bytes(Pool.HOST),
             "offloaded_nvme_bytes": self.off_gpu_bytes(Pool.NVME),
             "items": [i.to_dict() for i in self.items],
+            "timeline": [m.to_dict() for m in self.moments],
             "notes": list(self.notes),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RankBreakdown:
-        return cls(
-            role=d["role"],
-            ranks=int(d["ranks"]),
-            items=tuple(Item.from_dict(i) for i in d["items"]),
-            unmodelled=tuple(Category(c) for c in d.get("unmodelled", [])),
-            notes=tuple(d.get("notes", [])),
-        )
+        """Inverse of ``to_dict``; the peak moment gets its full items back, other moments
+        one line per category."""
+        moments = [Moment.from_dict(m) for m in d["timeline"]]
+        items = [Item.from_dict(i) for i in d["items"]]
+        allocated = tuple(i for i in items if i.pool == Pool.ALLOCATED)
+        for k, m in enumerate(moments):
+            if (m.label == d.get("peak_moment") and str(m.step) == d.get("peak_step")
+                    and m.allocated_bytes == sum(i.bytes for i in allocated)):
+                moments[k] = Moment(step=m.step, phase=m.phase, label=m.label, items=allocated)
+                break
+        return cls(role=d["role"], ranks=int(d["ranks"]), moments=tuple(moments),
+                   outside=tuple(i for i in items if i.pool != Pool.ALLOCATED),
+                   unmodelled=tuple(Category(c) for c in d.get("unmodelled", [])),
+                   notes=tuple(d.get("notes", [])))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -196,6 +290,9 @@ class Breakdown:
     device: dict[str, Any]
     """The GPU: name, capacity and the catalog row's source."""
     ranks: tuple[RankBreakdown, ...]
+    max_micro_batch: int | None = None
+    """Largest micro-batch that fits every rank with everything else unchanged (estimator
+    only; 0 when not even 1 fits, None when not computed)."""
 
     @property
     def worst(self) -> RankBreakdown:
@@ -205,6 +302,11 @@ class Breakdown:
     @property
     def capacity_bytes(self) -> int:
         return int(self.device["capacity_bytes"])
+
+    @property
+    def headroom_bytes(self) -> int:
+        """Free GPU memory on the fullest rank at its peak (negative: short by that much)."""
+        return self.capacity_bytes - self.worst.device_total_bytes
 
     @property
     def fits(self) -> bool:
@@ -221,11 +323,16 @@ class Breakdown:
                 **self.device,
                 "per_rank": [r.to_dict() for r in self.ranks],
                 "peak_allocated_bytes": max(r.peak_allocated_bytes for r in self.ranks),
+                "first_step_peak_allocated_bytes": max(r.first_step_peak_allocated_bytes
+                                                       for r in self.ranks),
+                "steady_peak_allocated_bytes": max(r.steady_peak_allocated_bytes
+                                                   for r in self.ranks),
                 "peak_reserved_bytes": max(r.peak_reserved_bytes for r in self.ranks),
                 "device_total_bytes": worst.device_total_bytes,
                 "capacity_bytes": self.capacity_bytes,
-                "headroom_bytes": self.capacity_bytes - worst.device_total_bytes,
+                "headroom_bytes": self.headroom_bytes,
                 "fits": self.fits,
+                "max_micro_batch": self.max_micro_batch,
             },
         }
 
@@ -233,8 +340,10 @@ class Breakdown:
     def from_dict(cls, d: dict[str, Any]) -> Breakdown:
         gpu = dict(d["gpu"])
         ranks = tuple(RankBreakdown.from_dict(r) for r in gpu.pop("per_rank"))
-        for derived in ("peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes",
-                        "headroom_bytes", "fits"):
+        mmb = gpu.pop("max_micro_batch", None)
+        for derived in ("peak_allocated_bytes", "first_step_peak_allocated_bytes",
+                        "steady_peak_allocated_bytes", "peak_reserved_bytes",
+                        "device_total_bytes", "headroom_bytes", "fits"):
             gpu.pop(derived, None)
         return cls(source=d["source"], model=d["model"], recipe=d["recipe"], device=gpu,
-                   ranks=ranks)
+                   ranks=ranks, max_micro_batch=mmb)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..breakdown import Breakdown, Category, RankBreakdown
+from ..breakdown import Breakdown, Category, Pool, RankBreakdown
 from ..hardware import Device
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
@@ -16,6 +16,7 @@ from .checks import check_compatible
 from .layout import Stage, layout
 from .model_states import model_state_items
 from .overhead import overhead_items
+from .timeline import moments
 from .precision import dtypes
 
 __all__ = ["estimate"]
@@ -56,8 +57,10 @@ def estimate(model: ModelSpec, recipe: Recipe, device: Device) -> Breakdown:
     ranks = []
     per_stage = recipe.gpus // recipe.pp
     for stage in layout(model, recipe):
-        items = model_state_items(stage, recipe, dt) + overhead_items(device, on_cpu)
-        ranks.append(RankBreakdown(role=_role(stage, recipe), ranks=per_stage, items=tuple(items),
+        lines = model_state_items(stage, recipe, dt) + overhead_items(device, on_cpu)
+        outside = tuple(ln.item for ln in lines if ln.item.pool != Pool.ALLOCATED)
+        ranks.append(RankBreakdown(role=_role(stage, recipe), ranks=per_stage,
+                                   moments=moments(lines), outside=outside,
                                    unmodelled=UNMODELLED))
     return Breakdown(
         source="estimate",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from ..breakdown import ALL_PHASES, Category, Item, Phase, Pool
+from .lines import Line
 from ..recipe import Recipe
 from ..units import dtype_bytes
 from .layout import Held, Stage
@@ -40,9 +41,9 @@ def _sum(pairs: list[tuple[Held, float]], recipe: Recipe, shard: bool) -> int:
     return math.ceil(out)
 
 
-def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]:
-    """Items for one rank of ``stage``."""
-    items: list[Item] = []
+def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
+    """Lines for one rank of ``stage``."""
+    items: list[Line] = []
     trainable = [h for h in stage.held if h.trainable]
     base = [h for h in trainable if not h.adapter]
     adapters = [h for h in trainable if h.adapter]
@@ -56,11 +57,13 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]:
     shard_note = f" / {recipe.shard_degree} (ZeRO-{z})" if z else ""
 
     def add(category: Category, name: str, pairs: list[tuple[Held, float]], *, shard: bool,
-            formula: str, phases: tuple[Phase, ...] = ALL_PHASES, pool: Pool = Pool.ALLOCATED):
+            formula: str, phases: tuple[Phase, ...] = ALL_PHASES, pool: Pool = Pool.ALLOCATED,
+            lazy: bool = False):
         n = _sum(pairs, recipe, shard)
         if n:
-            items.append(Item(category=category, name=name, bytes=n, phases=phases, pool=pool,
-                              formula=formula + (shard_note if shard else "")))
+            items.append(Line(Item(category=category, name=name, bytes=n, pool=pool,
+                                   formula=formula + (shard_note if shard else "")), phases,
+                              lazy=lazy))
 
     # -- parameters ------------------------------------------------------------------------
     pb, fb = dtype_bytes(dt.param), dtype_bytes(dt.frozen)
@@ -103,11 +106,12 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]:
         n = _sum(fp32, recipe, True)
         if limit is not None:
             n = min(n, limit * 4)
-        items.append(Item(
+        items.append(Line(Item(
             category=Category.GRADIENTS, name="fp32 gradient partition (optimizer step)",
-            bytes=n, phases=(O,),
+            bytes=n,
             formula="DeepSpeed casts the 16-bit gradient partition to fp32 for the step "
-            "(stage_1_and_2.py; ZeRO-3 one sub_group of 1e9 elements at a time)" + shard_note))
+            "(stage_1_and_2.py; ZeRO-3 one sub_group of 1e9 elements at a time)" + shard_note),
+            (O,)))
 
     # -- optimizer states and master weights ---------------------------------------------------
     # torch optimizers allocate states like the parameter: fp32 adapters get fp32 states.
@@ -115,7 +119,9 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]:
     add(Category.OPTIMIZER, f"{recipe.optimizer} states",
         [(h, optimizer_state_bytes(h, recipe.optimizer, adapter_state if h.adapter else dt.state))
          for h in trainable],
-        shard=z >= 1, pool=state_pool, formula="see estimate/states.py:optimizer_state_bytes")
+        shard=z >= 1, pool=state_pool, lazy=z == 0,
+        formula="see estimate/states.py:optimizer_state_bytes" + (
+            "; torch creates them inside the first optimizer.step()" if z == 0 else ""))
     if dt.master:
         add(Category.OPTIMIZER, "fp32 master weights", [(h, h.numel * 4.0) for h in base],
             shard=z >= 1, pool=state_pool,
@@ -125,40 +131,44 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]:
     return items
 
 
-def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held]) -> list[Item]:
+def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held]) -> list[Line]:
     """Buffers that exist because of data parallelism."""
-    out: list[Item] = []
+    out: list[Line] = []
     cb, gb = dtype_bytes(dt.compute), dtype_bytes(dt.grad)
     t_numel = sum(h.numel for h in trainable)
     if recipe.zero == 3 and recipe.shard_degree > 1:
         unit = stage.largest_unit_numel
-        out.append(Item(
+        out.append(_line(
             category=Category.COMMUNICATION, name="ZeRO-3/FSDP all-gathered parameters (2 units)",
             bytes=math.ceil(2 * unit * cb), phases=(F, B),
             formula="current + prefetched unit, unsharded in the compute dtype (FSDP "
             "limit_all_gathers keeps two units; PyTorch FSDP notes)"))
         if t_numel:
-            out.append(Item(
+            out.append(_line(
                 category=Category.COMMUNICATION, name="unsharded gradients of one unit",
                 bytes=math.ceil(min(unit, t_numel) * gb), phases=(B,),
                 formula="reduce-scatter input of the unit in backward (PyTorch FSDP notes)"))
     elif recipe.dp > 1 and t_numel:
         if recipe.zero == 0:
-            out.append(Item(
+            out.append(_line(
                 category=Category.COMMUNICATION, name="DDP gradient buckets",
                 bytes=math.ceil(t_numel * gb),
                 formula="gradient_as_bucket_view=False (default) keeps a second full copy of the "
                 "gradients in buckets (torch DistributedDataParallel docstring)"))
         else:
             n = min(DS_REDUCE_BUCKET, t_numel)
-            out.append(Item(
+            out.append(_line(
                 category=Category.COMMUNICATION, name="ZeRO reduce bucket",
                 bytes=math.ceil(n * gb), phases=(B,),
                 formula="reduce_bucket_size = 5e8 elements (DeepSpeed default)"))
             p_numel = sum(h.numel for h in stage.held)
-            out.append(Item(
+            out.append(_line(
                 category=Category.COMMUNICATION, name="ZeRO all-gather bucket",
                 bytes=math.ceil(min(DS_REDUCE_BUCKET, p_numel) * cb), phases=(O,),
                 formula="allgather_bucket_size = 5e8 elements for the updated parameters "
                 "(DeepSpeed default)"))
     return out
+
+
+def _line(*, phases: tuple[Phase, ...] = ALL_PHASES, **kw) -> Line:
+    return Line(Item(**kw), phases)

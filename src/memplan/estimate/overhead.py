@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..breakdown import Category, Item, Pool
 from ..hardware import Device
 from ..units import KIB, MIB
+from .lines import Line
 
 __all__ = ["overhead_items", "CUDA_CONTEXT_BYTES", "cublas_workspace_bytes"]
 
@@ -34,13 +35,13 @@ def cublas_workspace_bytes(device: Device) -> int:
     return 4096 * KIB * 2 + 16 * KIB * 8
 
 
-def overhead_items(device: Device, on_cpu: bool) -> list[Item]:
+def overhead_items(device: Device, on_cpu: bool) -> list[Line]:
     if on_cpu:
         return []
-    return [
+    return [Line(it) for it in (
         Item(category=Category.OVERHEAD, name="CUDA context", bytes=CUDA_CONTEXT_BYTES,
              pool=Pool.DEVICE, formula="~400 MiB with lazy loading (pytorch/pytorch#109888)"),
         Item(category=Category.OVERHEAD, name="cuBLAS workspaces",
              bytes=CUBLAS_HANDLES * cublas_workspace_bytes(device),
              formula=f"{CUBLAS_HANDLES} handles x per-handle workspace (CublasHandlePool.cpp)"),
-    ]
+    )]

@@ -9,21 +9,13 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ..breakdown import Breakdown, Category, Pool, RankBreakdown
+from ..breakdown import Breakdown, Category, Pool, RankBreakdown, Step
 from ..units import fmt_bytes, fmt_count
 
 _WHERE = {Pool.ALLOCATED: "GPU", Pool.RESERVED: "GPU (slack)", Pool.DEVICE: "GPU (outside torch)",
           Pool.HOST: "host RAM", Pool.NVME: "NVMe"}
 _SUFFIX = {Pool.ALLOCATED: "", Pool.RESERVED: " (allocator slack)", Pool.DEVICE: " (outside torch)",
            Pool.HOST: " -> host RAM", Pool.NVME: " -> NVMe"}
-_SHORT = {"forward": "fwd", "backward": "bwd", "optimizer-step": "opt"}
-
-
-def _phases(phases: tuple[Any, ...]) -> str:
-    if len(phases) == 3:
-        return "all"
-    return "+".join(_SHORT[str(p)] for p in phases)
-
 
 def _recipe_line(r: dict[str, Any]) -> str:
     parts = [f"{r['precision']}", f"{r['optimizer']}", f"method={r['method']}"]
@@ -49,12 +41,11 @@ def _rank_table(rank: RankBreakdown) -> Table:
     t.add_column("category", no_wrap=True)
     t.add_column("item", ratio=1)
     t.add_column("bytes", justify="right", no_wrap=True)
-    t.add_column("live", no_wrap=True)
     order = list(Category)
     for i in sorted(rank.items, key=lambda i: (order.index(i.category), -i.bytes)):
-        t.add_row(str(i.category), i.name + _SUFFIX[i.pool], fmt_bytes(i.bytes), _phases(i.phases))
+        t.add_row(str(i.category), i.name + _SUFFIX[i.pool], fmt_bytes(i.bytes))
     for c in rank.unmodelled:
-        t.add_row(str(c), Text("not modelled yet", style="yellow"), "?", "")
+        t.add_row(str(c), Text("not modelled yet", style="yellow"), "?")
     return t
 
 
@@ -62,10 +53,13 @@ def _totals(rank: RankBreakdown, capacity: int) -> Table:
     t = Table(show_header=False, show_edge=False, pad_edge=False, box=None)
     t.add_column(justify="right")
     t.add_column()
-    timeline = "  ".join(f"{p}: {fmt_bytes(b)}" for p, b in rank.timeline.items())
-    t.add_row("allocated by phase", timeline)
-    t.add_row("peak allocated", f"{fmt_bytes(rank.peak_allocated_bytes)}  (during {rank.peak_phase})"
-              "  = torch.cuda.max_memory_allocated")
+    for step in (Step.FIRST, Step.STEADY):
+        peaks = rank.phase_peaks(step)
+        t.add_row(f"{step} step, peak by phase",
+                  "  ".join(f"{p}: {fmt_bytes(b)}" for p, b in peaks.items()))
+    peak = rank.peak_moment
+    t.add_row("peak allocated", f"{fmt_bytes(rank.peak_allocated_bytes)}  at {peak.label} "
+              f"({peak.step} step)  = torch.cuda.max_memory_allocated")
     t.add_row("peak reserved", f"{fmt_bytes(rank.peak_reserved_bytes)}  = max_memory_reserved")
     t.add_row("device total", f"{fmt_bytes(rank.device_total_bytes)}  = nvidia-smi")
     for pool in (Pool.HOST, Pool.NVME):
@@ -91,8 +85,7 @@ def render_breakdown(b: Breakdown) -> RenderableType:
              f"{fmt_count(m['trainable_params'])} ({m['trainable_params']:,}); "
              f"{m['layers']} layers; config: {m['source'].split(' (')[0]}"),
         Text(f"recipe: {_recipe_line(r)}"),
-        Text("live: phases of the step a line occupies memory (fwd, bwd, opt = optimizer step)",
-             style="dim"),
+        Text("lines: what is allocated at the peak moment of the step", style="dim"),
         Text(""),
     ]
     shown: Iterable[RankBreakdown] = b.ranks if len(b.ranks) <= 2 else (b.ranks[0], b.worst)

@@ -1,0 +1,23 @@
+"""``Line``: an ``Item`` with its lifetime in the step, the estimator's building block for the
+timeline (``timeline.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..breakdown import ALL_PHASES, Item, Phase
+
+__all__ = ["Line"]
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One estimated amount of memory and when it is live."""
+
+    item: Item
+    """The bytes and their label."""
+    phases: tuple[Phase, ...] = ALL_PHASES
+    """Phases of a step during which the bytes are allocated."""
+    lazy: bool = False
+    """Created inside the first optimizer step (torch optimizers' states): absent from the first
+    step's forward and backward."""
