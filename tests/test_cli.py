@@ -42,9 +42,14 @@ def test_estimate_json_contract():
                                        "temporary", "communication", "overhead"}
     assert all(isinstance(v, int) for v in rank["categories"].values())
     for key in ("role", "peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes",
-                "peak_phase"):
+                "peak_phase", "peak_moment", "first_step_peak_allocated_bytes",
+                "steady_peak_allocated_bytes", "timeline"):
         assert key in rank
-    assert set(rank["unmodelled"]) == {"activations", "temporary"}
+    assert rank["peak_allocated_bytes"] == max(rank["first_step_peak_allocated_bytes"],
+                                               rank["steady_peak_allocated_bytes"])
+    assert rank["unmodelled"] == []
+    assert rank["categories"]["activations"] > 0
+    assert isinstance(gpu["max_micro_batch"], int)
     assert gpu["device_total_bytes"] == max(r["device_total_bytes"] for r in gpu["per_rank"])
     assert sum(rank["categories"].values()) == rank["device_total_bytes"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..breakdown import Breakdown, Category, Pool, RankBreakdown
+from ..breakdown import Breakdown, Category, Item, Phase, Pool, RankBreakdown
 from ..hardware import Device
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
@@ -16,13 +16,14 @@ from .checks import check_compatible
 from .layout import Stage, layout
 from .model_states import model_state_items
 from .overhead import overhead_items
-from .timeline import moments
-from .precision import dtypes
+from .activations import stage_points
+from .lines import Line
+from .optimizer_step import optimizer_step_items
+from .timeline import Instant, moments
+from .precision import Dtypes, dtypes
 
 __all__ = ["estimate"]
 
-UNMODELLED = (Category.ACTIVATIONS, Category.TEMPORARY)
-"""Categories this version does not estimate yet (reported, so a 0 never reads as 'none')."""
 
 
 def _role(stage: Stage, recipe: Recipe) -> str:
@@ -45,23 +46,70 @@ def _trainable(model: ModelSpec, recipe: Recipe) -> int:
     return sum(h.numel for h in layout(model, whole)[0].held if h.trainable)
 
 
-def estimate(model: ModelSpec, recipe: Recipe, device: Device) -> Breakdown:
-    """Estimate per-rank GPU memory of training ``model`` with ``recipe`` on ``device``.
+def _step_lines(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
+    out = [Line(i, (Phase.OPTIMIZER,)) if i.category == Category.TEMPORARY else Line(i, lazy=True)
+           for i in optimizer_step_items(stage, recipe, dt)]
+    tokens = recipe.micro_batch * recipe.seq_len
+    out.append(Line(Item(category=Category.ACTIVATIONS, name="input batch (token ids + labels)",
+                         bytes=2 * 8 * tokens, formula="2 int64 tensors of micro_batch x seq_len")))
+    return out
 
-    Raises:
-        ConfigError: the recipe cannot apply to this model (all problems listed).
-    """
-    check_compatible(model, recipe)
+
+def _instants(model: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Instant]:
+    """The activation timeline of one micro-batch, plus the saved activations of the other
+    micro-batches a pipeline stage holds in flight (1F1B: stage i holds pp - i)."""
+    points, grad_total = stage_points(model, stage, recipe, dt)
+    inflight = recipe.pp - stage.index
+    fwd_end = max((p.saved for p in points if p.phase == "forward"), default=0)
+    produced = 0
+    out = []
+    for p in points:
+        phase = Phase.FORWARD if p.phase == "forward" else Phase.BACKWARD
+        items = [Item(category=Category.ACTIVATIONS, name="saved for backward", bytes=p.saved,
+                      formula="tensors autograd saves, op by op (estimate/activations)"),
+                 Item(category=Category.TEMPORARY, name="intermediates and activation gradients",
+                      bytes=p.temp, formula="live non-saved tensors at this op "
+                      "(estimate/activations/graph.py)")]
+        if inflight > 1:
+            items.append(Item(category=Category.ACTIVATIONS,
+                              name=f"{inflight - 1} more micro-batches in flight (1F1B)",
+                              bytes=(inflight - 1) * fwd_end,
+                              formula="1F1B: stage i holds pp - i micro-batches' activations "
+                              "(Narayanan et al. 2021, §2.2)"))
+        if phase == Phase.BACKWARD:
+            produced = p.grads
+        out.append(Instant(phase, f"{p.phase}: {p.region}", tuple(items),
+                           progress=min(1.0, produced / grad_total) if grad_total else 1.0))
+    return out
+
+
+def _ranks(model: ModelSpec, recipe: Recipe, device: Device) -> tuple[RankBreakdown, ...]:
+    """One ``RankBreakdown`` per pipeline stage (the recipe is already checked)."""
     dt = dtypes(recipe)
     on_cpu = recipe.device == "cpu"
     ranks = []
     per_stage = recipe.gpus // recipe.pp
     for stage in layout(model, recipe):
         lines = model_state_items(stage, recipe, dt) + overhead_items(device, on_cpu)
+        lines += _step_lines(stage, recipe, dt)
+        instants = _instants(model, stage, recipe, dt)
         outside = tuple(ln.item for ln in lines if ln.item.pool != Pool.ALLOCATED)
         ranks.append(RankBreakdown(role=_role(stage, recipe), ranks=per_stage,
-                                   moments=moments(lines), outside=outside,
-                                   unmodelled=UNMODELLED))
+                                   moments=moments(lines, instants), outside=outside))
+    return tuple(ranks)
+
+
+def estimate(model: ModelSpec, recipe: Recipe, device: Device, *,
+             search_micro_batch: bool = True) -> Breakdown:
+    """Estimate per-rank GPU memory of training ``model`` with ``recipe`` on ``device``: the
+    step's timeline per rank role, its peak, and the largest micro-batch that fits.
+
+    Raises:
+        ConfigError: the recipe cannot apply to this model (all problems listed).
+    """
+    check_compatible(model, recipe)
+    ranks = _ranks(model, recipe, device)
+    mmb = max_micro_batch(model, recipe, device) if search_micro_batch else None
     return Breakdown(
         source="estimate",
         model={
@@ -76,5 +124,29 @@ def estimate(model: ModelSpec, recipe: Recipe, device: Device) -> Breakdown:
         },
         recipe=recipe.to_dict(),
         device=device.to_dict(),
-        ranks=tuple(ranks),
+        ranks=ranks,
+        max_micro_batch=mmb,
     )
+
+
+def _fits(model: ModelSpec, recipe: Recipe, device: Device, micro_batch: int) -> bool:
+    ranks = _ranks(model, replace(recipe, micro_batch=micro_batch), device)
+    return all(r.device_total_bytes <= device.capacity_bytes for r in ranks)
+
+
+def max_micro_batch(model: ModelSpec, recipe: Recipe, device: Device, limit: int = 4096) -> int:
+    """Largest micro-batch (everything else unchanged) whose every rank fits ``device``; 0 when
+    not even 1 does. Doubling, then bisection: about 2 log2(answer) estimates."""
+    if not _fits(model, recipe, device, 1):
+        return 0
+    lo = 1
+    while lo < limit and _fits(model, recipe, device, min(2 * lo, limit)):
+        lo = min(2 * lo, limit)
+    hi = min(2 * lo, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _fits(model, recipe, device, mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo

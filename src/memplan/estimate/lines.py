@@ -21,3 +21,6 @@ class Line:
     lazy: bool = False
     """Created inside the first optimizer step (torch optimizers' states): absent from the first
     step's forward and backward."""
+    grows: bool = False
+    """Produced during the backward (parameter gradients): a backward moment holds the part
+    produced so far."""

@@ -58,12 +58,12 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
 
     def add(category: Category, name: str, pairs: list[tuple[Held, float]], *, shard: bool,
             formula: str, phases: tuple[Phase, ...] = ALL_PHASES, pool: Pool = Pool.ALLOCATED,
-            lazy: bool = False):
+            lazy: bool = False, grows: bool = False):
         n = _sum(pairs, recipe, shard)
         if n:
             items.append(Line(Item(category=category, name=name, bytes=n, pool=pool,
                                    formula=formula + (shard_note if shard else "")), phases,
-                              lazy=lazy))
+                              lazy=lazy, grows=grows))
 
     # -- parameters ------------------------------------------------------------------------
     pb, fb = dtype_bytes(dt.param), dtype_bytes(dt.frozen)
@@ -99,7 +99,7 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
             "in fp32 (Ren et al. 2021, arXiv 2101.06840, §4)")
     else:
         add(Category.GRADIENTS, f"gradients{why}", grads, shard=z >= 2,
-            phases=grad_phases, formula=f"trainable elements x {gb:g} B")
+            phases=grad_phases, grows=not persistent, formula=f"trainable elements x {gb:g} B")
     if dt.master and z >= 1 and off == "none" and gb < 4:
         limit = DS_SUB_GROUP if z == 3 else None
         fp32 = [(h, h.numel * 4.0) for h in trainable]

@@ -8,7 +8,7 @@ growing layer by layer). The peak is the largest moment.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..breakdown import ALL_PHASES, Item, Moment, Phase, Pool, Step
 from .lines import Line
@@ -23,16 +23,24 @@ class Instant:
     phase: Phase
     label: str
     items: tuple[Item, ...] = ()
-    steady_only: bool = False
-    """Only in the steady state (e.g. gradients kept across steps)."""
+    progress: float = 1.0
+    """Share of the parameter gradients produced by this instant (backward)."""
 
 
-def _static(lines: Iterable[Line], step: Step, phase: Phase) -> tuple[Item, ...]:
-    return tuple(
-        ln.item for ln in lines
-        if ln.item.pool == Pool.ALLOCATED and phase in ln.phases
-        and not (step == Step.FIRST and ln.lazy and phase != Phase.OPTIMIZER)
-    )
+def _static(lines: Iterable[Line], step: Step, phase: Phase,
+            progress: float = 1.0) -> tuple[Item, ...]:
+    out = []
+    for ln in lines:
+        if ln.item.pool != Pool.ALLOCATED or phase not in ln.phases:
+            continue
+        if step == Step.FIRST and ln.lazy and phase != Phase.OPTIMIZER:
+            continue
+        item = ln.item
+        if ln.grows and phase == Phase.BACKWARD and progress < 1.0:
+            item = replace(item, bytes=round(item.bytes * progress),
+                           name=f"{item.name}, {progress:.0%} produced")
+        out.append(item)
+    return tuple(out)
 
 
 def moments(lines: Sequence[Line], instants: Sequence[Instant] = ()) -> tuple[Moment, ...]:
@@ -41,12 +49,12 @@ def moments(lines: Sequence[Line], instants: Sequence[Instant] = ()) -> tuple[Mo
     out = []
     for step in (Step.FIRST, Step.STEADY):
         for phase in ALL_PHASES:
-            static = _static(lines, step, phase)
-            mine = [i for i in instants if i.phase == phase
-                    and not (i.steady_only and step == Step.FIRST)]
+            mine = [i for i in instants if i.phase == phase]
             if not mine:
-                out.append(Moment(step=step, phase=phase, label=str(phase), items=static))
+                out.append(Moment(step=step, phase=phase, label=str(phase),
+                                  items=_static(lines, step, phase)))
             for inst in mine:
+                static = _static(lines, step, phase, inst.progress)
                 items = tuple(i for i in static + inst.items if i.bytes)
                 out.append(Moment(step=step, phase=phase, label=inst.label, items=items))
     return tuple(out)

@@ -43,7 +43,7 @@ def _gemma3_multimodal(c: Config, model_id: str) -> ModelSpec:
         Tensor(name="multi_modal_projector.mm_soft_emb_norm.weight", shape=(vh,),
                component=Component.VISION),
     ]
-    return replace(spec, model_type="gemma3",
+    return replace(spec, model_type="gemma3", config=text,
                    embedding=spec.embedding + tuple(classic.siglip_vision(vision) + projector))
 
 
@@ -78,4 +78,5 @@ def from_hf_config(data: dict[str, Any], model_id: str, *, where: str = "config.
             "('package.module:function' returning an nn.Module); memplan builds it on the meta device."
         )
     spec = BUILDERS[mt](Config(data, where), model_id)
-    return replace(spec, source=source or where)
+    config = spec.config if spec.config is not None else dict(data)
+    return replace(spec, source=source or where, config=config)

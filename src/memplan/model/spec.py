@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 __all__ = ["Component", "Split", "Tensor", "Attention", "Ffn", "Layer", "ModelSpec", "LORA_TARGETS"]
 
@@ -158,6 +159,9 @@ class ModelSpec:
     source: str = ""
     """Where the description came from (catalog row, file, HF cache, module)."""
     notes: tuple[str, ...] = field(default=())
+    config: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    """The HF config it was built from (text config for multimodal models), for the
+    activation model's details (dropout, softcapping); None for ``module:function`` models."""
 
     @property
     def tensors(self) -> tuple[Tensor, ...]:

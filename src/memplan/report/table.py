@@ -49,7 +49,8 @@ def _rank_table(rank: RankBreakdown) -> Table:
     return t
 
 
-def _totals(rank: RankBreakdown, capacity: int) -> Table:
+def _totals(rank: RankBreakdown, capacity: int,
+            max_micro_batch: int | None = None) -> Table:
     t = Table(show_header=False, show_edge=False, pad_edge=False, box=None)
     t.add_column(justify="right")
     t.add_column()
@@ -70,6 +71,9 @@ def _totals(rank: RankBreakdown, capacity: int) -> Table:
                                                                        style="bold red")
     t.add_row("verdict", Text.assemble(verdict, f"  (capacity {fmt_bytes(capacity)}, headroom "
                                                 f"{fmt_bytes(head)})"))
+    if max_micro_batch is not None:
+        t.add_row("max micro-batch", f"{max_micro_batch}  (largest that fits, all else equal)"
+                  if max_micro_batch else "none fits (not even 1)")
     return t
 
 
@@ -97,7 +101,7 @@ def render_breakdown(b: Breakdown) -> RenderableType:
         if rank.role in seen:
             continue
         seen.add(rank.role)
-        lines += [_rank_table(rank), _totals(rank, b.capacity_bytes), Text("")]
+        lines += [_rank_table(rank), _totals(rank, b.capacity_bytes, b.max_micro_batch), Text("")]
     for note in m.get("notes", []):
         lines.append(Text(f"note: {note}", style="dim"))
     if any(rank.unmodelled for rank in b.ranks):

@@ -1,0 +1,42 @@
+"""Activation and temporary memory of one micro-batch, moment by moment.
+
+``stage_points`` writes the stage's forward as ops (``families.py`` from ``blocks.py``) and
+replays forward and backward with the autograd simulator (``graph.py``). The result is one
+``Point`` per region (embedding, each layer, head, loss) and phase, at the region's largest
+instant: saved activations, temporaries, and the parameter gradients produced so far.
+"""
+
+from __future__ import annotations
+
+from ...model.spec import ModelSpec
+from ...recipe import Recipe
+from ..precision import Dtypes
+from ..layout import Stage
+from ...units import dtype_bytes
+from .blocks import Ctx
+from .families import stage_graph
+from .graph import Point, simulate
+
+__all__ = ["Point", "stage_points", "context"]
+
+
+def context(recipe: Recipe, dt: Dtypes) -> Ctx:
+    """Sizes and dtypes of one micro-batch on one rank (context parallelism splits the
+    sequence)."""
+    full = recipe.method == "full"
+    act = dtype_bytes(dt.param if full else dt.frozen)
+    half = dtype_bytes(dt.compute)
+    return Ctx(batch=recipe.micro_batch, seq=-(-recipe.seq_len // recipe.cp), act=int(act),
+               half=int(half), amp=act == 4 and half < 4, train_norms=full,
+               train_linears=full, train_embedding=full,
+               lora=recipe.method in ("lora", "qlora"), cpu=recipe.device == "cpu")
+
+
+def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> tuple[list[Point], int]:
+    """Points of one micro-batch through ``stage``; and the parameter-gradient bytes the
+    simulated graph produces in total (to scale the gradient lines by progress)."""
+    ctx = context(recipe, dt)
+    g = stage_graph(spec, stage.layers, ctx, first=stage.index == 0,
+                    last=stage.index == recipe.pp - 1, tp=recipe.tp, attention=recipe.attention,
+                    checkpointing=recipe.checkpointing)
+    return simulate(g), g.param_grad_bytes

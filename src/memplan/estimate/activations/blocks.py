@@ -1,0 +1,275 @@
+"""Building blocks of transformer layers as ``Graph`` ops, the way PyTorch runs them.
+
+Each function mirrors one piece of Hugging Face Transformers' modelling code (transformers
+5.x) and what PyTorch's autograd saves for it (``tools/autograd/derivatives.yaml``): e.g. ``mul``
+saves the *other* operand for each operand that needs a gradient, ``silu``/``gelu`` save their
+input, ``softmax`` its output, ``mm`` its input when the weight is trained and the weight when
+the input needs a gradient. Under autocast (``amp``) every matmul input is cast to 16 bits by a
+copy that the matmul saves; weights are cast once per forward and cached until autocast exits
+(``cached_cast`` in ``aten/src/ATen/autocast_mode.cpp``: leaf tensors that require grad only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .graph import Graph, Tensor
+
+__all__ = ["Ctx", "Blocks"]
+
+
+@dataclass(frozen=True, slots=True)
+class Ctx:
+    """Sizes and dtypes of one micro-batch on one rank."""
+
+    batch: int
+    seq: int
+    act: int
+    """Bytes per element of the model's own tensors (parameter dtype: 4 under fp32 and autocast)."""
+    half: int
+    """Bytes per element of matmul outputs (16-bit under autocast or 16-bit training)."""
+    amp: bool
+    """torch.autocast: fp32 parameters, 16-bit matmuls."""
+    train_norms: bool = True
+    train_linears: bool = True
+    train_embedding: bool = True
+    lora: bool = False
+    """LoRA on every linear: ``lora_A`` saves the linear's input even though the base weight is
+    frozen (adapter tensors themselves are r-sized and ignored)."""
+    cpu: bool = False
+    """Kernels as on CPU (dropout saves its noise in the input dtype)."""
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
+
+
+class Blocks:
+    """Op writers over one ``Graph``; sizes in elements, dtypes in bytes per element."""
+
+    def __init__(self, g: Graph, ctx: Ctx) -> None:
+        self.g, self.c = g, ctx
+
+    def new(self, numel: int, itemsize: int, grad: bool = True, keep: bool = False) -> Tensor:
+        return Tensor(int(numel) * itemsize, itemsize, grad, keep)
+
+    # -- elementwise -------------------------------------------------------------------------
+    def cast(self, x: Tensor, itemsize: int) -> Tensor:
+        """``x.to(dtype)``: a copy when the dtype changes (ToCopyBackward saves nothing)."""
+        if x.itemsize == itemsize:
+            return x
+        y = self.new(x.nbytes // x.itemsize, itemsize, x.grad)
+        self.g.op([x], (y,))
+        return y
+
+    def unary(self, x: Tensor, saves_input: bool = True, saves_output: bool = False,
+              itemsize: int | None = None) -> Tensor:
+        """silu, gelu, tanh (saves output), pow (saves input), ..."""
+        y = self.new(x.nbytes // x.itemsize, itemsize or x.itemsize, x.grad)
+        self.g.op([x], (y,), ([x] if saves_input and x.grad else []) + ([y] if saves_output else []))
+        return y
+
+    def scale(self, x: Tensor) -> Tensor:
+        """Multiplication by a Python scalar: a new tensor, nothing saved."""
+        y = self.new(x.nbytes // x.itemsize, x.itemsize, x.grad)
+        self.g.op([x], (y,))
+        return y
+
+    def add(self, a: Tensor, b: Tensor) -> Tensor:
+        n = max(a.nbytes // a.itemsize, b.nbytes // b.itemsize)
+        y = self.new(n, max(a.itemsize, b.itemsize), a.grad or b.grad)
+        self.g.op([a, b], (y,))
+        return y
+
+    def mul(self, a: Tensor, b: Tensor, itemsize: int | None = None) -> Tensor:
+        """``a * b``: saves ``b`` if ``a`` needs a gradient and ``a`` if ``b`` does."""
+        n = max(a.nbytes // a.itemsize, b.nbytes // b.itemsize)
+        y = self.new(n, itemsize or max(a.itemsize, b.itemsize), a.grad or b.grad)
+        saves = ([b] if a.grad else []) + ([a] if b.grad else [])
+        self.g.op([a, b], (y,), saves)
+        return y
+
+    def dropout(self, x: Tensor, p: float) -> Tensor:
+        """Training-mode dropout: saves a 1-byte mask (CUDA's fused ``native_dropout``; measured
+        the same on CPU for 16-bit inputs), except CPU fp32 inputs, whose composite path saves
+        the scaled Bernoulli noise in fp32 (``tests/test_activation_accuracy.py``). p = 0:
+        identity."""
+        if p <= 0:
+            return x
+        n = x.nbytes // x.itemsize
+        mask = self.new(n, 4 if self.c.cpu and x.itemsize == 4 else 1, grad=False)
+        y = self.new(n, x.itemsize, x.grad)
+        self.g.op([x], (mask, y), [mask])
+        return y
+
+    # -- parameters ----------------------------------------------------------------------------
+    def _weight(self, numel: int, trained: bool) -> tuple[Tensor | None, tuple[tuple[int, int], ...]]:
+        """The weight as the matmul sees it and the gradient it produces. Under autocast a
+        16-bit copy (cached for the forward when trained)."""
+        c = self.c
+        if c.amp:
+            w = self.new(numel, c.half, grad=trained, keep=trained)
+            self.g.op([], (w,))
+            return w, ((numel * c.half, numel * c.act),) if trained else ()
+        return None, ((numel * c.act, 0),) if trained else ()
+
+    def linear(self, x: Tensor, n_in: int, n_out: int, *, bias: bool = False,
+               trained: bool | None = None, tokens: int | None = None) -> Tensor:
+        """``F.linear``: ``mm`` saves its input when the weight is trained, the (cast) weight when
+        the input needs a gradient; the bias gradient is a sum (n_out elements)."""
+        c = self.c
+        trained = c.train_linears if trained is None else trained
+        t = tokens or c.tokens
+        xin = self.cast(x, c.half) if c.amp else x
+        w, pg = self._weight(n_in * n_out, trained)
+        if bias and trained:
+            pg = pg + ((n_out * c.act, 0),)
+        y = self.new(t * n_out, c.half if c.amp else c.act, grad=trained or x.grad)
+        saves = ([xin] if trained or c.lora else []) + ([w] if (w is not None and xin.grad) else [])
+        self.g.op([xin] + ([w] if w is not None else []), (y,), saves, grads=(xin,), params=pg)
+        return y
+
+    # -- norms ---------------------------------------------------------------------------------
+    def rmsnorm(self, x: Tensor, h: int, *, gemma: bool = False, trained: bool | None = None,
+                tokens: int | None = None) -> Tensor:
+        """HF ``LlamaRMSNorm``: upcast to fp32, ``pow``/``mean``/``rsqrt``, ``x * rsqrt``, cast
+        back, ``weight *`` (Gemma: ``(1 + weight) *`` in fp32, then cast back)."""
+        c = self.c
+        trained = c.train_norms if trained is None else trained
+        t = tokens or c.tokens
+        in_size = x.itemsize
+        xf = self.cast(x, 4)
+        sq = self.new(t * h, 4, xf.grad)
+        self.g.op([xf], (sq,), [xf])
+        var = self.new(t, 4, xf.grad)
+        self.g.op([sq], (var,))
+        veps = self.new(t, 4, xf.grad)
+        self.g.op([var], (veps,))
+        r = self.new(t, 4, xf.grad)
+        self.g.op([veps], (r,), [r])
+        n = self.mul(xf, r)
+        w = Tensor(0, 4, grad=trained, external=True)
+        pg = ((h * 4, 0),) if trained else ()
+        if gemma:
+            # (1 + weight.float()) is a new h-element tensor; mul saves n for the weight grad
+            out = self.new(t * h, 4, n.grad or trained)
+            self.g.op([n, w], (out,), [n] if trained else [], grads=(n,), params=pg)
+            return self.cast(out, in_size)
+        nc = self.cast(n, in_size)
+        out = self.new(t * h, max(in_size, c.act), nc.grad or trained)
+        self.g.op([nc, w], (out,), [nc] if trained else [], grads=(nc,), params=pg)
+        return out
+
+    def layernorm(self, x: Tensor, h: int, *, trained: bool | None = None,
+                  tokens: int | None = None) -> Tensor:
+        """``native_layer_norm`` saves input, mean and rstd (fp32, one per row); autocast runs
+        it in fp32."""
+        c = self.c
+        trained = c.train_norms if trained is None else trained
+        t = tokens or c.tokens
+        xin = self.cast(x, 4) if c.amp else x
+        stats = self.new(2 * t, 4, grad=False)
+        out = self.new(t * h, xin.itemsize, xin.grad or trained)
+        pg = ((2 * h * (4 if c.amp else c.act), 0),) if trained else ()
+        self.g.op([xin], (out, stats), [xin, stats], grads=(xin,), params=pg)
+        return out
+
+    # -- embedding and loss ------------------------------------------------------------------------
+    def embedding(self, h: int, vocab: int, tokens: int | None = None) -> Tensor:
+        c = self.c
+        t = tokens or c.tokens
+        trained = c.train_embedding
+        y = self.new(t * h, c.act, grad=trained)
+        self.g.op([], (y,), params=((vocab * h * c.act, 0),) if trained else ())
+        return y
+
+    # -- attention cores ---------------------------------------------------------------------------
+    def rope(self, x: Tensor) -> Tensor:
+        """HF ``apply_rotary_pos_emb``: ``x * cos + rotate_half(x) * sin``; the muls save the
+        (shared, external) cos/sin tables; ``neg`` and ``cat`` make two short-lived copies.
+        Under autocast ``x`` is 16-bit and cos/sin fp32, so the result is fp32."""
+        n = x.nbytes // x.itemsize
+        size = max(x.itemsize, self.c.act)
+        a = self.new(n, size, x.grad)
+        self.g.op([x], (a,))
+        neg = self.new(n // 2, x.itemsize, x.grad)
+        self.g.op([x], (neg,))
+        rot = self.new(n, x.itemsize, x.grad)
+        self.g.op([neg, x], (rot,))
+        b = self.new(n, size, x.grad)
+        self.g.op([rot], (b,))
+        return self.add(a, b)
+
+    def sdpa(self, q: Tensor, k: Tensor, v: Tensor, heads: int) -> Tensor:
+        """Fused attention (CPU flash kernel, CUDA flash / memory-efficient): saves q, k, v,
+        the output and the fp32 log-sum-exp (one per head and query). Autocast casts q, k, v
+        to 16 bits first."""
+        c = self.c
+        if c.amp:
+            q, k, v = (self.cast(t, c.half) for t in (q, k, v))
+        n_out = q.nbytes // q.itemsize
+        out = self.new(n_out, q.itemsize, True)
+        lse = self.new(c.tokens * heads, 4, grad=False)
+        self.g.op([q, k, v], (out, lse), [q, k, v, out, lse])
+        return out
+
+    def eager(self, q: Tensor, k: Tensor, v: Tensor, heads: int, kv_heads: int, *,
+              dropout: float = 0.0, softcap: bool = False, mask: Tensor | None = None,
+              fp32_softmax: bool = True, copy_out: bool = True, autocast: bool = True,
+              upcast_input: bool = True) -> Tensor:
+        """HF ``eager_attention_forward``: ``repeat_kv`` copies (GQA), ``q @ k^T`` (saves both),
+        scaling, mask add, softmax in fp32 (saved) cast back, dropout, ``@ v`` (saves the
+        probabilities and v), and a contiguous copy of the output for ``o_proj``."""
+        c = self.c
+        B, S = c.batch, c.seq
+        if c.amp and autocast:
+            q, k, v = (self.cast(t, c.half) for t in (q, k, v))
+        if kv_heads < heads:
+            k = self._copy(k, heads / kv_heads)
+            v = self._copy(v, heads / kv_heads)
+        size = q.itemsize
+        scores = self.new(B * heads * S * S, size)
+        self.g.op([q, k], (scores,), [q, k])
+        s = self.scale(scores)
+        if softcap:  # Gemma 2: tanh(s / cap) * cap; tanh saves its output
+            s = self.scale(s)
+            s = self.unary(s, saves_input=False, saves_output=True)
+            s = self.scale(s)
+        if mask is not None:
+            s = self.add(s, mask)
+        if fp32_softmax and upcast_input:  # softmax(dtype=float32): fp32 copy of the scores
+            s = self.cast(s, 4)
+        p = self.new(B * heads * S * S, 4 if fp32_softmax else size)
+        self.g.op([s], (p,), [p])
+        p = self.cast(p, size)
+        p = self.dropout(p, dropout)
+        out = self.new(q.nbytes // q.itemsize, size)
+        self.g.op([p, v], (out,), [p, v])
+        return self._copy(out, 1.0) if copy_out else out
+
+    def _copy(self, x: Tensor, factor: float) -> Tensor:
+        y = self.new(int(x.nbytes // x.itemsize * factor), x.itemsize, x.grad)
+        self.g.op([x], (y,))
+        return y
+
+    # -- loss --------------------------------------------------------------------------------------
+    def causal_lm_loss(self, logits: Tensor, vocab: int, *, softcap: bool = False,
+                       shift: bool = True) -> None:
+        """HF ``ForCausalLMLoss``: ``logits.float()``, a shifted int64 copy of the labels,
+        ``cross_entropy`` = ``log_softmax`` (saves its fp32 output) + ``nll_loss`` (saves the
+        target). The model output holding the logits is dropped before the backward (HF Trainer)."""
+        c = self.c
+        t = c.tokens
+        if softcap:  # Gemma 2 final_logit_softcapping: logits / cap, tanh (saved), * cap
+            logits = self.scale(logits)
+            logits = self.unary(logits, saves_input=False, saves_output=True)
+            logits = self.scale(logits)
+        logits.keep = True
+        lf = self.cast(logits, 4)
+        labels = self.new(t, 8, grad=False, keep=not shift)
+        labels.external = not shift  # masked LM: nll_loss saves a view of the batch's labels
+        self.g.op([], (labels,), [labels])
+        lsm = self.new(t * vocab, 4)
+        self.g.op([lf], (lsm,), [lsm])
+        loss = self.new(1, 4)
+        self.g.op([lsm, labels], (loss,), [])

@@ -1,0 +1,253 @@
+"""Forward graphs of whole pipeline stages, per architecture family (transformers 5.x code)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ...model.spec import Layer, ModelSpec
+from .blocks import Blocks, Ctx
+from .graph import Graph, Tensor
+
+__all__ = ["stage_graph"]
+
+
+def _cfg(spec: ModelSpec) -> Mapping[str, Any]:
+    return spec.config or {}
+
+
+def _llama_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: int,
+                 attention: str, mask: Tensor | None, selective: bool) -> Tensor:
+    c, cfg, mt = b.c, _cfg(spec), spec.model_type
+    h = spec.hidden_size
+    a = layer.attention
+    ffn = layer.ffn
+    assert a is not None and ffn is not None
+    heads, kv = max(1, a.num_heads // tp), max(1, a.num_kv_heads // tp)
+    d = a.head_dim
+    gemma = mt.startswith("gemma")
+    names = {t.name for t in layer.tensors}
+    sandwich = any("pre_feedforward_layernorm" in n for n in names)  # Gemma 2/3: 4 norms
+    post_only = mt == "olmo2"
+    qk_norm = any("q_norm" in n for n in names)
+
+    y = x if post_only else b.rmsnorm(x, h, gemma=gemma)
+    q = b.linear(y, h, heads * d, bias=any("q_proj.bias" in n for n in names))
+    k = b.linear(y, h, kv * d, bias=any("k_proj.bias" in n for n in names))
+    v = b.linear(y, h, kv * d, bias=any("v_proj.bias" in n for n in names))
+    if qk_norm:
+        q = b.rmsnorm(q, heads * d if mt == "olmo2" else d, gemma=gemma)
+        k = b.rmsnorm(k, kv * d if mt == "olmo2" else d, gemma=gemma)
+    q, k = b.rope(q), b.rope(k)
+    g = b.g
+    if selective:
+        g.group = len(g.ops) + 1_000_000
+    softcap = bool(cfg.get("attn_logit_softcapping")) and mt == "gemma2"
+    if attention == "eager" or softcap:
+        o = b.eager(q, k, v, heads, kv, dropout=float(cfg.get("attention_dropout") or 0.0),
+                    softcap=softcap, mask=mask)
+    else:
+        o = b.sdpa(q, k, v, heads)
+    if selective:
+        g.group = -1
+    o = b.linear(o, heads * d, h)
+    if sandwich or post_only:
+        o = b.rmsnorm(o, h, gemma=gemma)
+    r = b.add(x, o)
+    y = r if post_only else b.rmsnorm(r, h, gemma=gemma)
+    f = ffn.intermediate_size // tp
+    if ffn.num_experts:
+        m = _moe(b, y, h, ffn, tp)
+    else:
+        gt = b.linear(y, h, f)
+        up = b.linear(y, h, f)
+        act = b.unary(gt)  # silu / gelu_tanh save their input
+        m = b.linear(b.mul(act, up), f, h)
+    if sandwich or post_only:
+        m = b.rmsnorm(m, h, gemma=gemma)
+    return b.add(r, m)
+
+
+def _moe(b: Blocks, y: Tensor, h: int, ffn: Any, tp: int) -> Tensor:
+    """Token-choice top-k MoE as in HF Mixtral/Qwen3-MoE: router logits (saved by softmax in
+    fp32), top-k weights, each token's hidden state gathered per chosen expert (``index_select``
+    copies, k per token), the expert MLPs on their tokens, weighted and scattered back."""
+    c = b.c
+    t, k, e = c.tokens, max(1, ffn.top_k), ffn.num_experts
+    f = ffn.intermediate_size // tp
+    logits = b.linear(y, h, e)
+    probs = b.new(t * e, 4, True)
+    b.g.op([logits], (probs,), [probs])
+    topw = b.new(t * k, 4, True)
+    b.g.op([probs], (topw,), [topw])
+    routed = t * k
+    xs = b.new(routed * h, y.itemsize, y.grad)
+    b.g.op([y], (xs,))
+    gt = b.linear(xs, h, f, tokens=routed)
+    up = b.linear(xs, h, f, tokens=routed)
+    act = b.unary(gt)
+    out = b.linear(b.mul(act, up), f, h, tokens=routed)
+    weighted = b.mul(out, topw)
+    res = b.new(t * h, weighted.itemsize, True)
+    b.g.op([weighted], (res,))
+    if ffn.shared_experts:
+        fs = ffn.shared_intermediate_size // tp
+        gt = b.linear(y, h, fs)
+        up = b.linear(y, h, fs)
+        res = b.add(res, b.linear(b.mul(b.unary(gt), up), fs, h))
+    return res
+
+
+def _qkv_attention(b: Blocks, y: Tensor, h: int, heads: int, d: int, *, attention: str,
+                   dropout: float, mask: Tensor | None, rotary: int, neox: bool,
+                   selective: bool) -> Tensor:
+    """Multi-head attention of GPT-2 / GPT-NeoX / BERT: one fused qkv (or three) linear(s) with
+    bias, optional partial rotary (NeoX: the first ``rotary`` dims of each head), attention,
+    output copy for the output projection."""
+    c = b.c
+    if neox:  # one fused linear; v stays a view of it, so sdpa's saved v keeps all 3h alive
+        qkv = b.linear(y, h, 3 * heads * d, bias=True)
+        # partial rotary: rope on a copy of the first `rotary` dims, cat with the rest
+        q, k = (b._copy(b.rope(b._copy(qkv, rotary / d / 3)), d / rotary) for _ in range(2))
+        v = qkv
+    else:
+        q = b.linear(y, h, heads * d, bias=True)
+        k = b.linear(y, h, heads * d, bias=True)
+        v = b.linear(y, h, heads * d, bias=True)
+    g = b.g
+    if selective:
+        g.group = len(g.ops) + 1_000_000
+    if attention == "sdpa" and not (dropout > 0 and c.cpu):
+        o = b.sdpa(q, k, v, heads)
+        o = b._copy(o, 1.0) if neox else o
+    else:  # eager, or CPU sdpa with dropout: the math path materialises the scores
+        math = attention == "sdpa" and not neox
+        if math:  # CPU math sdpa: autocast casts q, k, v to 16 bits, the math kernel computes
+            # in fp32 on copies (scaled q, k and v), output cast back
+            if c.amp:
+                q, k, v = (b.cast(b.cast(t, c.half), 4) for t in (q, k, v))
+            q, k, v = (b._copy(t, 1.0) for t in (q, k, v))
+        if neox:  # the strided view of the fused output is copied for the matmul
+            v = b._copy(v, 1 / 3)
+        o = b.eager(q, k, v, heads, heads, dropout=dropout, mask=mask, autocast=not math,
+                    upcast_input=False)
+        if math and c.amp:
+            o = b.cast(o, c.half)
+    if selective:
+        g.group = -1
+    return b.linear(o, heads * d, h, bias=True)
+
+
+def _gelu_new(b: Blocks, x: Tensor) -> Tensor:
+    """GPT-2 ``NewGELUActivation`` in Python ops: ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x +
+    0.044715 * x**3)))``: pow saves x, tanh its output, the last mul both operands."""
+    p3 = b.unary(x)
+    inner = b.add(x, b.scale(p3))
+    t = b.unary(b.scale(inner), saves_input=False, saves_output=True)
+    one = b.scale(t)
+    half = b.scale(x)
+    return b.mul(half, one)
+
+
+def _classic_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: int,
+                   attention: str, mask: Tensor | None, selective: bool) -> Tensor:
+    """GPT-2 (pre-LN, Conv1D, gelu_new, dropout everywhere), GPT-NeoX (parallel residual,
+    partial rotary, fused qkv), BERT (post-LN, dropout) as transformers writes them."""
+    cfg, mt, h = _cfg(spec), spec.model_type, spec.hidden_size
+    a, ffn = layer.attention, layer.ffn
+    assert a is not None and ffn is not None
+    heads, d, f = max(1, a.num_heads // tp), a.head_dim, ffn.intermediate_size // tp
+    if mt == "gpt2":
+        p_attn, p_res = float(cfg.get("attn_pdrop", 0.1)), float(cfg.get("resid_pdrop", 0.1))
+    elif mt == "bert":
+        p_attn = float(cfg.get("attention_probs_dropout_prob", 0.1))
+        p_res = float(cfg.get("hidden_dropout_prob", 0.1))
+    else:
+        p_attn, p_res = float(cfg.get("attention_dropout", 0.0)), float(cfg.get("hidden_dropout", 0.0))
+    rotary = int(d * float(cfg.get("rotary_pct", 0.25))) if mt == "gpt_neox" else 0
+    kw = dict(attention=attention, dropout=p_attn, mask=mask, rotary=rotary,
+              neox=mt == "gpt_neox", selective=selective)
+
+    def mlp(y: Tensor) -> Tensor:
+        u = b.linear(y, h, f, bias=True)
+        act = _gelu_new(b, u) if mt == "gpt2" else b.unary(u)
+        return b.dropout(b.linear(act, f, h, bias=True), p_res)
+
+    if mt == "bert":  # post-LN
+        att = b.dropout(_qkv_attention(b, x, h, heads, d, **kw), p_res)
+        r = b.layernorm(b.add(att, x), h)
+        return b.layernorm(b.add(mlp(r), r), h)
+    if mt == "gpt_neox" and cfg.get("use_parallel_residual", True):
+        att = b.dropout(_qkv_attention(b, b.layernorm(x, h), h, heads, d, **kw), p_res)
+        m = mlp(b.layernorm(x, h))
+        return b.add(b.add(m, att), x)
+    att = b.dropout(_qkv_attention(b, b.layernorm(x, h), h, heads, d, **kw), p_res)
+    r = b.add(att, x)
+    return b.add(mlp(b.layernorm(r, h)), r)
+
+
+_CLASSIC = ("gpt2", "gpt_neox", "bert")
+
+
+def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: bool,
+                tp: int, attention: str, checkpointing: str) -> Graph:
+    """The forward of one pipeline stage (layers ``layers``; embedding if ``first``; final norm,
+    head and loss if ``last``) for one micro-batch on one rank."""
+    g = Graph()
+    b = Blocks(g, ctx)
+    h, V = spec.hidden_size, spec.vocab_size
+    cfg, mt = _cfg(spec), spec.model_type
+    if first:
+        g.region = "embedding"
+        x = b.embedding(h, V)
+        if mt.startswith("gemma"):
+            x = b.scale(x)
+        if mt in ("gpt2", "bert"):  # + learned positions (+ token types), dropout
+            x = b.add(x, b.new(ctx.seq * h, ctx.act, grad=True))
+            if mt == "bert":
+                x = b.layernorm(b.add(x, b.new(ctx.tokens * h, ctx.act)), h)
+            p = float(cfg.get("embd_pdrop" if mt == "gpt2" else "hidden_dropout_prob", 0.1))
+            x = b.dropout(x, p)
+    else:  # activations received from the previous stage
+        x = b.new(ctx.tokens * h, ctx.half if not ctx.amp else ctx.act, True)
+        g.op([], (x,))
+    if mt not in ("gpt2", "bert") and any(ly.attention and ly.attention.kind != "mla"
+                                          for ly in spec.layers):
+        # rotary cos/sin tables (1 x S x head_dim each), computed once per forward, saved by
+        # every layer's rope muls until the backward ends
+        d = spec.layers[0].attention.head_dim if spec.layers[0].attention else 0
+        if mt == "gpt_neox":
+            d = int(d * float(cfg.get("rotary_pct", 0.25)))
+        cos = b.new(ctx.seq * d, ctx.act if ctx.amp or ctx.act == 4 else ctx.half, grad=False)
+        sin = b.new(ctx.seq * d, cos.itemsize, grad=False)
+        g.op([], (cos, sin), [cos, sin])
+    masks: dict[str, Tensor] = {}
+    if attention == "eager" and mt != "bert" or cfg.get("attn_logit_softcapping"):
+        # eager attention gets a materialised B x 1 x S x S additive mask in the embedding
+        # dtype, one per attention type (full / sliding window: layer_types)
+        for kind in sorted(set(cfg.get("layer_types") or ["full_attention"])):
+            masks[kind] = b.new(ctx.batch * ctx.seq * ctx.seq, ctx.act, grad=False)
+            g.op([], (masks[kind],))
+    for i in layers:
+        g.region = f"layer {i}"
+        if checkpointing == "full":
+            g.group = i
+        kinds = cfg.get("layer_types") or []
+        mask = masks.get(kinds[i] if i < len(kinds) else "full_attention")
+        layer_fn = _classic_layer if mt in _CLASSIC else _llama_layer
+        x = layer_fn(b, x, spec.layers[i], spec, tp=tp, attention=attention, mask=mask,
+                     selective=checkpointing == "selective")
+        g.group = -1
+    if last:
+        g.region = "head"
+        if mt == "bert":  # MLM head: dense, gelu, LayerNorm, decoder
+            x = b.layernorm(b.unary(b.linear(x, h, h, bias=True)), h)
+        elif mt in _CLASSIC:
+            x = b.layernorm(x, h)
+        else:
+            x = b.rmsnorm(x, h, gemma=mt.startswith("gemma"))
+        logits = b.linear(x, h, V // tp, trained=ctx.train_embedding, bias=mt == "bert")
+        g.region = "loss"
+        b.causal_lm_loss(logits, V // tp, softcap=bool(cfg.get("final_logit_softcapping")),
+                         shift=mt != "bert")
+    return g

@@ -1,0 +1,239 @@
+"""A tiny autograd simulator: which tensors exist at each op of a training step.
+
+A ``Graph`` is the forward pass of one pipeline stage written as ATen-level ops (``blocks.py``
+writes them the way Hugging Face Transformers' modelling code and PyTorch's derivative formulas
+run them). Each op declares the tensors it creates, the tensors autograd saves for its backward
+(``tools/autograd/derivatives.yaml`` in PyTorch) and the inputs and parameters that receive a
+gradient. ``simulate`` then replays the step exactly as the autograd engine would:
+
+- forward: an op's outputs are allocated while its inputs are alive; a tensor is freed after its
+  last forward use unless an op saved it (or it is kept until the forward ends: autocast's weight
+  cache, the model output);
+- activation checkpointing: ops of a checkpointed group keep only the group's inputs; in the
+  backward, the group's forward is re-run (saved tensors re-allocated) just before its backward;
+- backward, ops in reverse: the gradient of each input is allocated (accumulated in place when a
+  tensor feeds several ops), parameter gradients appear (16-bit first, then the fp32 copy under
+  autocast), then the op's output gradients and the saved tensors nobody else needs are freed.
+
+Bytes are exact for the ops declared; parameters and the batch are not tracked here (they are
+model-state lines). Memory allocated inside a kernel and freed before it returns is not seen,
+matching ``memplan.measure`` and ``torch.cuda.max_memory_allocated`` up to kernel scratch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Tensor", "Op", "Graph", "Point", "simulate"]
+
+
+@dataclass(eq=False, slots=True)
+class Tensor:
+    """One storage."""
+
+    nbytes: int
+    itemsize: int = 4
+    """Bytes per element (4 fp32, 2 bf16/fp16, 8 int64)."""
+    grad: bool = True
+    """Requires grad (its gradient is computed in the backward)."""
+    keep: bool = False
+    """Held until the forward ends even when nothing saves it (autocast cache, model output)."""
+    external: bool = False
+    """Exists outside this graph (batch, rotary tables): never allocated or freed here."""
+
+
+@dataclass(eq=False, slots=True)
+class Op:
+    region: str
+    """Moment label the op belongs to, e.g. ``layer 3``."""
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+    saves: tuple[Tensor, ...]
+    grad_inputs: tuple[Tensor, ...]
+    """Inputs whose gradient this op's backward computes (allocated in the input's size)."""
+    param_grads: tuple[tuple[int, int], ...] = ()
+    """Per parameter: (bytes of its gradient as computed, bytes after a cast to the parameter's
+    dtype or 0 when no cast)."""
+    group: int = -1
+    """Activation-checkpointing group (-1: none)."""
+
+
+@dataclass(slots=True)
+class Point:
+    """Bytes at the largest instant of one region of one phase."""
+
+    phase: str
+    region: str
+    saved: int = 0
+    """Tensors kept for the backward (activations)."""
+    temp: int = 0
+    """Everything else this graph holds: forward intermediates, activation gradients."""
+    grads: int = 0
+    """Parameter gradients produced so far (as computed by this graph)."""
+
+    @property
+    def total(self) -> int:
+        return self.saved + self.temp + self.grads
+
+
+@dataclass
+class Graph:
+    """Ops in forward order; build with ``op``."""
+
+    ops: list[Op] = field(default_factory=list)
+    region: str = ""
+    group: int = -1
+    param_grad_bytes: int = 0
+    """Total bytes of parameter gradients the graph produces (as computed)."""
+
+    def op(self, inputs: tuple[Tensor, ...] | list[Tensor], outputs: tuple[Tensor, ...] = (),
+           saves: tuple[Tensor, ...] | list[Tensor] = (), grads: tuple[Tensor, ...] | None = None,
+           params: tuple[tuple[int, int], ...] = ()) -> None:
+        ins = tuple(t for t in inputs if t is not None)
+        g = tuple(t for t in (ins if grads is None else grads) if t is not None and t.grad)
+        self.ops.append(Op(self.region, ins, tuple(outputs), tuple(t for t in saves if t is not None),
+                           g, params, self.group))
+        self.param_grad_bytes += sum(b32 or b for b, b32 in params)
+
+
+class _State:
+    def __init__(self) -> None:
+        self.live: dict[int, tuple[Tensor, str]] = {}  # id -> (tensor, kind: saved|temp)
+        self.saved = 0
+        self.temp = 0
+        self.grads = 0
+        self.points: dict[tuple[str, str], Point] = {}
+        self.order: list[tuple[str, str]] = []
+
+    def alloc(self, t: Tensor, kind: str) -> None:
+        if t.external or id(t) in self.live:
+            return
+        self.live[id(t)] = (t, kind)
+        if kind == "saved":
+            self.saved += t.nbytes
+        else:
+            self.temp += t.nbytes
+
+    def free(self, t: Tensor) -> None:
+        entry = self.live.pop(id(t), None)
+        if entry is None:
+            return
+        if entry[1] == "saved":
+            self.saved -= t.nbytes
+        else:
+            self.temp -= t.nbytes
+
+    def mark(self, phase: str, region: str, extra_temp: int = 0) -> None:
+        key = (phase, region)
+        p = self.points.get(key)
+        if p is None:
+            p = self.points[key] = Point(phase, region)
+            self.order.append(key)
+        total = self.saved + self.temp + extra_temp + self.grads
+        if total > p.total:
+            p.saved, p.temp, p.grads = self.saved, self.temp + extra_temp, self.grads
+
+
+def simulate(graph: Graph) -> list[Point]:
+    """Replay the forward and backward of ``graph``; one ``Point`` per (phase, region), in
+    order, each at the region's largest instant."""
+    ops = graph.ops
+    st = _State()
+    last_use: dict[int, int] = {}
+    for i, op in enumerate(ops):
+        for t in op.inputs:
+            last_use[id(t)] = i
+    # Who saves a tensor, outside checkpointed groups (inside one, saves die with the forward).
+    keepers: dict[int, int] = {}
+    for op in ops:
+        for t in op.saves:
+            if op.group < 0:
+                keepers[id(t)] = keepers.get(id(t), 0) + 1
+    # Inputs of a checkpointed group are saved by the checkpoint itself.
+    group_inputs: dict[int, list[Tensor]] = {}
+    made_in: dict[int, int] = {}
+    for op in ops:
+        for t in op.outputs:
+            made_in[id(t)] = op.group
+    for op in ops:
+        if op.group >= 0:
+            for t in op.inputs:
+                if made_in.get(id(t), -1) != op.group and not t.external:
+                    lst = group_inputs.setdefault(op.group, [])
+                    if t not in lst:
+                        lst.append(t)
+                        keepers[id(t)] = keepers.get(id(t), 0) + 1
+
+    # -- forward ---------------------------------------------------------------------------
+    for i, op in enumerate(ops):
+        for t in op.outputs:
+            st.alloc(t, "saved" if keepers.get(id(t)) else "temp")
+        st.mark("forward", op.region)
+        for t in op.inputs + op.outputs:
+            if last_use.get(id(t), -1) <= i and not t.keep and not keepers.get(id(t)):
+                st.free(t)
+    for t, _ in list(st.live.values()):  # forward ends: autocast cache and outputs dropped
+        if t.keep and not keepers.get(id(t)):
+            st.free(t)
+
+    # -- backward --------------------------------------------------------------------------
+    grad_of: dict[int, Tensor] = {}
+    remaining = dict(keepers)
+    group_ops: dict[int, list[Op]] = {}
+    for op in ops:
+        if op.group >= 0:
+            group_ops.setdefault(op.group, []).append(op)
+    recomputed: set[int] = set()
+    last = ops[-1] if ops else None
+    for op in reversed(ops):
+        if op.group >= 0 and op.group not in recomputed:
+            recomputed.add(op.group)
+            _recompute(group_ops[op.group], st, remaining)
+        flowing = op is last or any(id(t) in grad_of for t in op.outputs)
+        if flowing:
+            extra = 0
+            for t in op.grad_inputs:
+                if id(t) in grad_of:
+                    extra += t.nbytes  # computed, then added in place into the buffer
+                else:
+                    g = Tensor(t.nbytes, t.itemsize)
+                    grad_of[id(t)] = g
+                    st.alloc(g, "temp")
+            for b, b32 in op.param_grads:
+                extra += b if b32 else 0
+                st.grads += b32 or b
+            st.mark("backward", op.region, extra)
+        for t in op.outputs:
+            g = grad_of.pop(id(t), None)
+            if g is not None:
+                st.free(g)
+        for t in op.saves:
+            k = id(t)
+            if k in remaining:
+                remaining[k] -= 1
+                if remaining[k] <= 0:
+                    st.free(t)
+        if op.group >= 0 and op is group_ops[op.group][0]:
+            for t in group_inputs.get(op.group, []):
+                remaining[id(t)] = remaining.get(id(t), 1) - 1
+                if remaining[id(t)] <= 0:
+                    st.free(t)
+    return [st.points[k] for k in st.order]
+
+
+def _recompute(ops: list[Op], st: _State, remaining: dict[int, int]) -> None:
+    """Re-run a checkpointed group's forward in the backward: its saves come back to life."""
+    last_use: dict[int, int] = {}
+    for i, op in enumerate(ops):
+        for t in op.inputs:
+            last_use[id(t)] = i
+    for op in ops:
+        for t in op.saves:
+            remaining[id(t)] = remaining.get(id(t), 0) + 1
+    for i, op in enumerate(ops):
+        for t in op.outputs:
+            st.alloc(t, "saved" if remaining.get(id(t)) else "temp")
+        st.mark("backward", op.region)
+        for t in op.inputs + op.outputs:
+            if last_use.get(id(t), -1) <= i and not remaining.get(id(t)):
+                st.free(t)

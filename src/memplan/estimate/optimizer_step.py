@@ -1,0 +1,58 @@
+"""Memory that exists only inside ``optimizer.step()``: the optimizer's temporaries, and the
+per-tensor step counters torch keeps on the host.
+
+torch's Adam/AdamW pick an implementation by device (``_default_to_fused_or_foreach`` in
+``torch/optim/optimizer.py``): on CUDA the *foreach* path, whose ``_multi_tensor_adam`` starts
+with ``exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)``, a full-size copy of the second
+moments of every parameter in the group; on CPU the *single-tensor* path, which per parameter
+allocates ``exp_avg_sq.sqrt()`` and ``/ bias_correction2_sqrt`` (two tensors of that parameter's
+size) before ``addcdiv_``. DeepSpeed ZeRO steps with its fused Adam kernels (no temporaries).
+SGD updates in place; Lion (lion-pytorch) builds ``update`` from ``exp_avg.clone()`` and one
+more temporary per parameter; Adafactor's factored update allocates about three
+parameter-sized temporaries per tensor (``transformers.optimization.Adafactor``); the
+bitsandbytes 8-bit/paged optimizers update in fused kernels.
+"""
+
+from __future__ import annotations
+
+from ..breakdown import Category, Item
+from ..recipe import Recipe
+from ..units import dtype_bytes
+from .layout import Stage
+from .precision import Dtypes
+
+__all__ = ["optimizer_step_items"]
+
+_PER_TENSOR = {"adam": 2, "adamw": 2, "lion": 2, "adafactor": 3}
+"""Parameter-sized temporaries alive at once, per tensor, in the single-tensor paths."""
+
+
+def optimizer_step_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]:
+    trainable = [h for h in stage.held if h.trainable]
+    if not trainable or recipe.offload != "none":
+        return []
+    sb = dtype_bytes(dt.state if dt.state in ("fp32", "bf16", "fp16") else "fp32")
+    opt = recipe.optimizer
+    out = []
+    shard = recipe.shard_degree if recipe.zero >= 1 else 1
+    if recipe.zero >= 1 and opt in ("adam", "adamw"):
+        pass  # DeepSpeed FusedAdam / cpu_adam: no temporaries
+    elif recipe.device == "cuda" and opt in ("adam", "adamw"):
+        n = sum(h.numel for h in trainable) // shard
+        out.append(Item(category=Category.TEMPORARY, name="foreach Adam sqrt(exp_avg_sq) copy",
+                        bytes=int(n * sb),
+                        formula="one state-sized copy of every trainable tensor "
+                        "(torch/optim/adam.py _multi_tensor_adam: torch._foreach_sqrt)"))
+    elif opt in _PER_TENSOR:
+        big = max(h.numel for h in trainable) // shard
+        k = _PER_TENSOR[opt]
+        out.append(Item(category=Category.TEMPORARY, name=f"{opt} per-tensor temporaries",
+                        bytes=int(k * big * sb),
+                        formula=f"{k} x the largest trainable tensor (single-tensor path: "
+                        "sqrt(exp_avg_sq), then / bias_correction2_sqrt)"))
+    if recipe.device == "cpu" and opt in ("adam", "adamw"):
+        out.append(Item(category=Category.OPTIMIZER, name="step counters",
+                        bytes=4 * len(trainable),
+                        formula="one fp32 scalar tensor 'step' per parameter (torch.optim.Adam; "
+                        "kept on the host, so only counted with device=cpu)"))
+    return out
