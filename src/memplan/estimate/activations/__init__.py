@@ -10,32 +10,31 @@ from __future__ import annotations
 
 from ...model.spec import ModelSpec
 from ...recipe import Recipe
-from ..precision import Dtypes
-from ..layout import Stage
 from ...units import dtype_bytes
+from ..layout import Stage
+from ..precision import Dtypes
 from .blocks import Ctx
 from .families import stage_graph
 from .graph import Point, simulate
 
-__all__ = ["Point", "stage_points", "context"]
+__all__ = ["Point", "stage_points"]
 
 
-def context(recipe: Recipe, dt: Dtypes) -> Ctx:
+def _context(recipe: Recipe, dt: Dtypes) -> Ctx:
     """Sizes and dtypes of one micro-batch on one rank (context parallelism splits the
     sequence)."""
     full = recipe.method == "full"
     act = dtype_bytes(dt.param if full else dt.frozen)
     half = dtype_bytes(dt.compute)
     return Ctx(batch=recipe.micro_batch, seq=-(-recipe.seq_len // recipe.cp), act=int(act),
-               half=int(half), amp=act == 4 and half < 4, train_norms=full,
-               train_linears=full, train_embedding=full,
+               half=int(half), amp=act == 4 and half < 4, trained=full,
                lora=recipe.method in ("lora", "qlora"), cpu=recipe.device == "cpu")
 
 
 def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> tuple[list[Point], int]:
     """Points of one micro-batch through ``stage``; and the parameter-gradient bytes the
     simulated graph produces in total (to scale the gradient lines by progress)."""
-    ctx = context(recipe, dt)
+    ctx = _context(recipe, dt)
     g = stage_graph(spec, stage.layers, ctx, first=stage.index == 0,
                     last=stage.index == recipe.pp - 1, tp=recipe.tp, attention=recipe.attention,
                     checkpointing=recipe.checkpointing)

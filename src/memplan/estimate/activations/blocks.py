@@ -30,9 +30,8 @@ class Ctx:
     """Bytes per element of matmul outputs (16-bit under autocast or 16-bit training)."""
     amp: bool
     """torch.autocast: fp32 parameters, 16-bit matmuls."""
-    train_norms: bool = True
-    train_linears: bool = True
-    train_embedding: bool = True
+    trained: bool = True
+    """The base model trains (full fine-tuning): norms, linears and embeddings get gradients."""
     lora: bool = False
     """LoRA on every linear: ``lora_A`` saves the linear's input even though the base weight is
     frozen (adapter tensors themselves are r-sized and ignored)."""
@@ -62,10 +61,9 @@ class Blocks:
         self.g.op([x], (y,))
         return y
 
-    def unary(self, x: Tensor, saves_input: bool = True, saves_output: bool = False,
-              itemsize: int | None = None) -> Tensor:
+    def unary(self, x: Tensor, saves_input: bool = True, saves_output: bool = False) -> Tensor:
         """silu, gelu, tanh (saves output), pow (saves input), ..."""
-        y = self.new(x.nbytes // x.itemsize, itemsize or x.itemsize, x.grad)
+        y = self.new(x.nbytes // x.itemsize, x.itemsize, x.grad)
         self.g.op([x], (y,), ([x] if saves_input and x.grad else []) + ([y] if saves_output else []))
         return y
 
@@ -118,7 +116,7 @@ class Blocks:
         """``F.linear``: ``mm`` saves its input when the weight is trained, the (cast) weight when
         the input needs a gradient; the bias gradient is a sum (n_out elements)."""
         c = self.c
-        trained = c.train_linears if trained is None else trained
+        trained = c.trained if trained is None else trained
         t = tokens or c.tokens
         xin = self.cast(x, c.half) if c.amp else x
         w, pg = self._weight(n_in * n_out, trained)
@@ -130,13 +128,11 @@ class Blocks:
         return y
 
     # -- norms ---------------------------------------------------------------------------------
-    def rmsnorm(self, x: Tensor, h: int, *, gemma: bool = False, trained: bool | None = None,
-                tokens: int | None = None) -> Tensor:
+    def rmsnorm(self, x: Tensor, h: int, *, gemma: bool = False) -> Tensor:
         """HF ``LlamaRMSNorm``: upcast to fp32, ``pow``/``mean``/``rsqrt``, ``x * rsqrt``, cast
         back, ``weight *`` (Gemma: ``(1 + weight) *`` in fp32, then cast back)."""
         c = self.c
-        trained = c.train_norms if trained is None else trained
-        t = tokens or c.tokens
+        trained, t = c.trained, x.nbytes // x.itemsize // h  # rows normalised
         in_size = x.itemsize
         xf = self.cast(x, 4)
         sq = self.new(t * h, 4, xf.grad)
@@ -160,13 +156,11 @@ class Blocks:
         self.g.op([nc, w], (out,), [nc] if trained else [], grads=(nc,), params=pg)
         return out
 
-    def layernorm(self, x: Tensor, h: int, *, trained: bool | None = None,
-                  tokens: int | None = None) -> Tensor:
+    def layernorm(self, x: Tensor, h: int) -> Tensor:
         """``native_layer_norm`` saves input, mean and rstd (fp32, one per row); autocast runs
         it in fp32."""
         c = self.c
-        trained = c.train_norms if trained is None else trained
-        t = tokens or c.tokens
+        trained, t = c.trained, x.nbytes // x.itemsize // h  # rows normalised
         xin = self.cast(x, 4) if c.amp else x
         stats = self.new(2 * t, 4, grad=False)
         out = self.new(t * h, xin.itemsize, xin.grad or trained)
@@ -175,11 +169,10 @@ class Blocks:
         return out
 
     # -- embedding and loss ------------------------------------------------------------------------
-    def embedding(self, h: int, vocab: int, tokens: int | None = None) -> Tensor:
+    def embedding(self, h: int, vocab: int) -> Tensor:
         c = self.c
-        t = tokens or c.tokens
-        trained = c.train_embedding
-        y = self.new(t * h, c.act, grad=trained)
+        trained = c.trained
+        y = self.new(c.tokens * h, c.act, grad=trained)
         self.g.op([], (y,), params=((vocab * h * c.act, 0),) if trained else ())
         return y
 
@@ -215,8 +208,7 @@ class Blocks:
 
     def eager(self, q: Tensor, k: Tensor, v: Tensor, heads: int, kv_heads: int, *,
               dropout: float = 0.0, softcap: bool = False, mask: Tensor | None = None,
-              fp32_softmax: bool = True, copy_out: bool = True, autocast: bool = True,
-              upcast_input: bool = True) -> Tensor:
+              autocast: bool = True, upcast_input: bool = True) -> Tensor:
         """HF ``eager_attention_forward``: ``repeat_kv`` copies (GQA), ``q @ k^T`` (saves both),
         scaling, mask add, softmax in fp32 (saved) cast back, dropout, ``@ v`` (saves the
         probabilities and v), and a contiguous copy of the output for ``o_proj``."""
@@ -225,8 +217,8 @@ class Blocks:
         if c.amp and autocast:
             q, k, v = (self.cast(t, c.half) for t in (q, k, v))
         if kv_heads < heads:
-            k = self._copy(k, heads / kv_heads)
-            v = self._copy(v, heads / kv_heads)
+            k = self.copy(k, heads / kv_heads)
+            v = self.copy(v, heads / kv_heads)
         size = q.itemsize
         scores = self.new(B * heads * S * S, size)
         self.g.op([q, k], (scores,), [q, k])
@@ -237,17 +229,17 @@ class Blocks:
             s = self.scale(s)
         if mask is not None:
             s = self.add(s, mask)
-        if fp32_softmax and upcast_input:  # softmax(dtype=float32): fp32 copy of the scores
+        if upcast_input:  # softmax(dtype=float32): an fp32 copy of the scores first
             s = self.cast(s, 4)
-        p = self.new(B * heads * S * S, 4 if fp32_softmax else size)
+        p = self.new(B * heads * S * S, 4)
         self.g.op([s], (p,), [p])
         p = self.cast(p, size)
         p = self.dropout(p, dropout)
         out = self.new(q.nbytes // q.itemsize, size)
         self.g.op([p, v], (out,), [p, v])
-        return self._copy(out, 1.0) if copy_out else out
+        return self.copy(out, 1.0)
 
-    def _copy(self, x: Tensor, factor: float) -> Tensor:
+    def copy(self, x: Tensor, factor: float) -> Tensor:
         y = self.new(int(x.nbytes // x.itemsize * factor), x.itemsize, x.grad)
         self.g.op([x], (y,))
         return y
@@ -266,9 +258,11 @@ class Blocks:
             logits = self.scale(logits)
         logits.keep = True
         lf = self.cast(logits, 4)
-        labels = self.new(t, 8, grad=False, keep=not shift)
-        labels.external = not shift  # masked LM: nll_loss saves a view of the batch's labels
-        self.g.op([], (labels,), [labels])
+        if shift:
+            labels = self.new(t, 8, grad=False)
+            self.g.op([], (labels,), [labels])
+        else:  # masked LM: nll_loss saves a view of the batch's labels
+            labels = Tensor(t * 8, 8, grad=False, external=True)
         lsm = self.new(t * vocab, 4)
         self.g.op([lf], (lsm,), [lsm])
         loss = self.new(1, 4)

@@ -18,7 +18,7 @@ def _cfg(spec: ModelSpec) -> Mapping[str, Any]:
 
 def _llama_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: int,
                  attention: str, mask: Tensor | None, selective: bool) -> Tensor:
-    c, cfg, mt = b.c, _cfg(spec), spec.model_type
+    cfg, mt = _cfg(spec), spec.model_type
     h = spec.hidden_size
     a = layer.attention
     ffn = layer.ffn
@@ -39,17 +39,13 @@ def _llama_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: int
         q = b.rmsnorm(q, heads * d if mt == "olmo2" else d, gemma=gemma)
         k = b.rmsnorm(k, kv * d if mt == "olmo2" else d, gemma=gemma)
     q, k = b.rope(q), b.rope(k)
-    g = b.g
-    if selective:
-        g.group = len(g.ops) + 1_000_000
     softcap = bool(cfg.get("attn_logit_softcapping")) and mt == "gemma2"
-    if attention == "eager" or softcap:
-        o = b.eager(q, k, v, heads, kv, dropout=float(cfg.get("attention_dropout") or 0.0),
-                    softcap=softcap, mask=mask)
-    else:
-        o = b.sdpa(q, k, v, heads)
-    if selective:
-        g.group = -1
+    with b.g.checkpoint(selective):
+        if attention == "eager" or softcap:
+            o = b.eager(q, k, v, heads, kv, dropout=float(cfg.get("attention_dropout") or 0.0),
+                        softcap=softcap, mask=mask)
+        else:
+            o = b.sdpa(q, k, v, heads)
     o = b.linear(o, heads * d, h)
     if sandwich or post_only:
         o = b.rmsnorm(o, h, gemma=gemma)
@@ -108,33 +104,29 @@ def _qkv_attention(b: Blocks, y: Tensor, h: int, heads: int, d: int, *, attentio
     if neox:  # one fused linear; v stays a view of it, so sdpa's saved v keeps all 3h alive
         qkv = b.linear(y, h, 3 * heads * d, bias=True)
         # partial rotary: rope on a copy of the first `rotary` dims, cat with the rest
-        q, k = (b._copy(b.rope(b._copy(qkv, rotary / d / 3)), d / rotary) for _ in range(2))
+        q, k = (b.copy(b.rope(b.copy(qkv, rotary / d / 3)), d / rotary) for _ in range(2))
         v = qkv
     else:
         q = b.linear(y, h, heads * d, bias=True)
         k = b.linear(y, h, heads * d, bias=True)
         v = b.linear(y, h, heads * d, bias=True)
-    g = b.g
-    if selective:
-        g.group = len(g.ops) + 1_000_000
-    if attention == "sdpa" and not (dropout > 0 and c.cpu):
-        o = b.sdpa(q, k, v, heads)
-        o = b._copy(o, 1.0) if neox else o
-    else:  # eager, or CPU sdpa with dropout: the math path materialises the scores
-        math = attention == "sdpa" and not neox
-        if math:  # CPU math sdpa: autocast casts q, k, v to 16 bits, the math kernel computes
-            # in fp32 on copies (scaled q, k and v), output cast back
-            if c.amp:
-                q, k, v = (b.cast(b.cast(t, c.half), 4) for t in (q, k, v))
-            q, k, v = (b._copy(t, 1.0) for t in (q, k, v))
-        if neox:  # the strided view of the fused output is copied for the matmul
-            v = b._copy(v, 1 / 3)
-        o = b.eager(q, k, v, heads, heads, dropout=dropout, mask=mask, autocast=not math,
-                    upcast_input=False)
-        if math and c.amp:
-            o = b.cast(o, c.half)
-    if selective:
-        g.group = -1
+    with b.g.checkpoint(selective):
+        if attention == "sdpa" and not (dropout > 0 and c.cpu):
+            o = b.sdpa(q, k, v, heads)
+            o = b.copy(o, 1.0) if neox else o
+        else:  # eager, or CPU sdpa with dropout: the math path materialises the scores
+            math = attention == "sdpa" and not neox
+            if math:  # CPU math sdpa: autocast casts q, k, v to 16 bits, the math kernel computes
+                # in fp32 on copies (scaled q, k and v), output cast back
+                if c.amp:
+                    q, k, v = (b.cast(b.cast(t, c.half), 4) for t in (q, k, v))
+                q, k, v = (b.copy(t, 1.0) for t in (q, k, v))
+            if neox:  # the strided view of the fused output is copied for the matmul
+                v = b.copy(v, 1 / 3)
+            o = b.eager(q, k, v, heads, heads, dropout=dropout, mask=mask, autocast=not math,
+                        upcast_input=False)
+            if math and c.amp:
+                o = b.cast(o, c.half)
     return b.linear(o, heads * d, h, bias=True)
 
 
@@ -228,16 +220,14 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
         for kind in sorted(set(cfg.get("layer_types") or ["full_attention"])):
             masks[kind] = b.new(ctx.batch * ctx.seq * ctx.seq, ctx.act, grad=False)
             g.op([], (masks[kind],))
+    kinds = cfg.get("layer_types") or []
+    layer_fn = _classic_layer if mt in _CLASSIC else _llama_layer
     for i in layers:
         g.region = f"layer {i}"
-        if checkpointing == "full":
-            g.group = i
-        kinds = cfg.get("layer_types") or []
         mask = masks.get(kinds[i] if i < len(kinds) else "full_attention")
-        layer_fn = _classic_layer if mt in _CLASSIC else _llama_layer
-        x = layer_fn(b, x, spec.layers[i], spec, tp=tp, attention=attention, mask=mask,
-                     selective=checkpointing == "selective")
-        g.group = -1
+        with g.checkpoint(checkpointing == "full"):
+            x = layer_fn(b, x, spec.layers[i], spec, tp=tp, attention=attention, mask=mask,
+                         selective=checkpointing == "selective")
     if last:
         g.region = "head"
         if mt == "bert":  # MLM head: dense, gelu, LayerNorm, decoder
@@ -246,7 +236,7 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
             x = b.layernorm(x, h)
         else:
             x = b.rmsnorm(x, h, gemma=mt.startswith("gemma"))
-        logits = b.linear(x, h, V // tp, trained=ctx.train_embedding, bias=mt == "bert")
+        logits = b.linear(x, h, V // tp, trained=ctx.trained, bias=mt == "bert")
         g.region = "loss"
         b.causal_lm_loss(logits, V // tp, softcap=bool(cfg.get("final_logit_softcapping")),
                          shift=mt != "bert")

@@ -22,6 +22,8 @@ matching ``memplan.measure`` and ``torch.cuda.max_memory_allocated`` up to kerne
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 __all__ = ["Tensor", "Op", "Graph", "Point", "simulate"]
@@ -85,6 +87,20 @@ class Graph:
     group: int = -1
     param_grad_bytes: int = 0
     """Total bytes of parameter gradients the graph produces (as computed)."""
+    _groups: int = 0
+
+    @contextmanager
+    def checkpoint(self, enabled: bool = True) -> Iterator[None]:
+        """Ops written inside form one activation-checkpointing group (nothing nested)."""
+        if not enabled:
+            yield
+            return
+        self.group = self._groups
+        self._groups += 1
+        try:
+            yield
+        finally:
+            self.group = -1
 
     def op(self, inputs: tuple[Tensor, ...] | list[Tensor], outputs: tuple[Tensor, ...] = (),
            saves: tuple[Tensor, ...] | list[Tensor] = (), grads: tuple[Tensor, ...] | None = None,
@@ -139,10 +155,6 @@ def simulate(graph: Graph) -> list[Point]:
     order, each at the region's largest instant."""
     ops = graph.ops
     st = _State()
-    last_use: dict[int, int] = {}
-    for i, op in enumerate(ops):
-        for t in op.inputs:
-            last_use[id(t)] = i
     # Who saves a tensor, outside checkpointed groups (inside one, saves die with the forward).
     keepers: dict[int, int] = {}
     for op in ops:
@@ -165,13 +177,7 @@ def simulate(graph: Graph) -> list[Point]:
                         keepers[id(t)] = keepers.get(id(t), 0) + 1
 
     # -- forward ---------------------------------------------------------------------------
-    for i, op in enumerate(ops):
-        for t in op.outputs:
-            st.alloc(t, "saved" if keepers.get(id(t)) else "temp")
-        st.mark("forward", op.region)
-        for t in op.inputs + op.outputs:
-            if last_use.get(id(t), -1) <= i and not t.keep and not keepers.get(id(t)):
-                st.free(t)
+    _run_forward(ops, st, "forward", keepers, hold_kept=True)
     for t, _ in list(st.live.values()):  # forward ends: autocast cache and outputs dropped
         if t.keep and not keepers.get(id(t)):
             st.free(t)
@@ -221,19 +227,26 @@ def simulate(graph: Graph) -> list[Point]:
     return [st.points[k] for k in st.order]
 
 
-def _recompute(ops: list[Op], st: _State, remaining: dict[int, int]) -> None:
-    """Re-run a checkpointed group's forward in the backward: its saves come back to life."""
+def _run_forward(ops: list[Op], st: _State, phase: str, held: dict[int, int], *,
+                 hold_kept: bool) -> None:
+    """Run ``ops`` forward: allocate outputs, then free every tensor past its last use that
+    nothing holds (``held``: pending saves; ``hold_kept``: also tensors marked ``keep``)."""
     last_use: dict[int, int] = {}
     for i, op in enumerate(ops):
         for t in op.inputs:
             last_use[id(t)] = i
+    for i, op in enumerate(ops):
+        for t in op.outputs:
+            st.alloc(t, "saved" if held.get(id(t)) else "temp")
+        st.mark(phase, op.region)
+        for t in op.inputs + op.outputs:
+            if last_use.get(id(t), -1) <= i and not (hold_kept and t.keep) and not held.get(id(t)):
+                st.free(t)
+
+
+def _recompute(ops: list[Op], st: _State, remaining: dict[int, int]) -> None:
+    """Re-run a checkpointed group's forward in the backward: its saves come back to life."""
     for op in ops:
         for t in op.saves:
             remaining[id(t)] = remaining.get(id(t), 0) + 1
-    for i, op in enumerate(ops):
-        for t in op.outputs:
-            st.alloc(t, "saved" if remaining.get(id(t)) else "temp")
-        st.mark("backward", op.region)
-        for t in op.inputs + op.outputs:
-            if last_use.get(id(t), -1) <= i and not remaining.get(id(t)):
-                st.free(t)
+    _run_forward(ops, st, "backward", remaining, hold_kept=False)
