@@ -128,6 +128,10 @@ class Problems:
     def __bool__(self) -> bool:
         return bool(self._items)
 
+    @property
+    def items(self) -> tuple[str, ...]:
+        return tuple(self._items)
+
     def raise_if_any(self) -> None:
         if self._items:
             raise ConfigError(self._items)

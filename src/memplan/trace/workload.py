@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ModelConfigError, Problems, TraceError, did_you_mean
+from ..errors import ConfigError, ModelConfigError, Problems, TraceError, did_you_mean
 from ..model.resolve import find_config
 from ..recipe import Recipe
 
@@ -102,7 +102,8 @@ def check_traceable(recipe: Recipe) -> tuple[str, ...]:
     if recipe.grad_accum > 1:
         notes.append(f"grad_accum={recipe.grad_accum}: one micro-batch per step is run; "
                      "accumulating keeps the same peak once gradients exist.")
-    p.raise_if_any()
+    if p:
+        raise TraceError(str(ConfigError(p.items)))
     return tuple(notes)
 
 
