@@ -4,7 +4,7 @@
 - ``measure_step``: exact live tensor bytes of real training steps, per phase, moment, module
   group and category (``live.py``, ``labels.py``);
 - ``session``: the same around a user's own loop, plus CUDA allocator counters, NVML and host
-  RSS over time (``session.py``); ``memplan measure -- python train.py`` starts one in the child
+  RSS over time (``loop.py``); ``memplan measure -- python train.py`` starts one in the child
   (``autostart.py``);
 - ``measure_recipe``: a recipe applied to a model and run for real (``real.py``).
 """
@@ -17,8 +17,8 @@ __all__ = ["CATEGORIES", "PHASES", "MomentMeasurement", "Session", "StepMeasurem
            "measure_recipe", "measure_step", "session"]
 
 _WHERE = {"CATEGORIES": "live", "PHASES": "live", "MomentMeasurement": "live",
-          "StepMeasurement": "live", "measure_step": "live", "Session": "session",
-          "session": "session", "measure_recipe": "real"}
+          "StepMeasurement": "live", "measure_step": "live", "Session": "loop",
+          "session": "loop", "measure_recipe": "real"}
 
 
 def __getattr__(name: str) -> Any:

@@ -27,7 +27,7 @@ def start_from_env() -> None:
     out = os.environ.get(ENV_OUT)
     if not out:
         return
-    from .session import Session
+    from .loop import Session
 
     s = Session(out=out, interval_s=float(os.environ.get(ENV_INTERVAL, "0.01")),
                 track_tensors=os.environ.get(ENV_NO_TENSORS, "0") != "1")

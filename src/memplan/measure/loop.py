@@ -286,29 +286,35 @@ class Session:
         self._timeline_of(w)
 
     def _timeline_of(self, w: _Window) -> None:
-        """Bytes per category over the step, at (up to) ``_TIMELINE_POINTS`` events."""
+        """Bytes per category over the step in (up to) ``_TIMELINE_POINTS`` buckets of events,
+        each represented by its highest point, so no spike (and not the peak) is lost."""
         t = self.tracker
         assert t.times is not None
-        live = dict.fromkeys(w.start_live, True)
+        live: set[int] = set(w.start_live)
         cats = dict.fromkeys((str(c) for c in Category), 0)
         for uid in live:
             cats[t.recs[uid].category()] += t.recs[uid].nbytes
+        total = sum(cats.values())
         n = len(t.events) - w.start_idx
-        every = max(1, n // _TIMELINE_POINTS)
+        every = max(1, -(-n // _TIMELINE_POINTS))
+        best: tuple[int, float, dict[str, int]] | None = None
         for k in range(w.start_idx, len(t.events)):
             ev = t.events[k]
-            uid = abs(ev)
-            rec = t.recs.get(uid)
-            if rec is None:
-                continue
-            if ev > 0 and uid not in live:
-                live[uid] = True
-                cats[rec.category()] += rec.nbytes
-            elif ev < 0 and uid in live:
-                del live[uid]
-                cats[rec.category()] -= rec.nbytes
-            if (k - w.start_idx) % every == 0 or k + 1 == w.peak_idx:
-                self.tensor_timeline.append((t.times[k] - self.t0, dict(cats)))
+            rec = t.recs.get(abs(ev))
+            if rec is not None:
+                if ev > 0 and ev not in live:
+                    live.add(ev)
+                    cats[rec.category()] += rec.nbytes
+                    total += rec.nbytes
+                elif ev < 0 and -ev in live:
+                    live.discard(-ev)
+                    cats[rec.category()] -= rec.nbytes
+                    total -= rec.nbytes
+            if best is None or total > best[0]:
+                best = (total, t.times[k] - self.t0, dict(cats))
+            if (k - w.start_idx + 1) % every == 0 or k + 1 == len(t.events):
+                self.tensor_timeline.append((best[1], best[2]))
+                best = None
 
     # -- sampling ----------------------------------------------------------------------
     def _sample(self) -> None:
