@@ -111,3 +111,11 @@ def test_cli_trace_json_and_errors():
     bad = subprocess.run(args + ["--optimizer", "lion"], capture_output=True, text=True)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "optimizer=lion" in bad.stderr
+
+
+def test_adafactor_is_refused_by_the_tracer_only():
+    with pytest.raises(TraceError, match="adafactor"):
+        trace(QUICK[0].model, Recipe(device="cpu", optimizer="adafactor", seq_len=16), CPU)
+    real = measure_recipe(QUICK[0].model, Recipe(device="cpu", optimizer="adafactor",
+                                                 precision="32-true", seq_len=16), CPU)
+    assert real.worst.peak_allocated_bytes > 0
