@@ -11,7 +11,7 @@ from .hardware import cpu_device, get_device
 from .model import catalog, load_model
 from .recipe import Recipe
 
-__all__ = ["estimate_from_names", "load_recipe", "catalog_rows"]
+__all__ = ["estimate_from_names", "trace_from_names", "load_recipe", "catalog_rows"]
 
 
 def load_recipe(recipe_file: str | Path | None = None,
@@ -31,6 +31,17 @@ def estimate_from_names(model: str, gpu: str, *, recipe_file: str | Path | None 
     recipe = load_recipe(recipe_file, overrides)
     device = cpu_device(host_memory_bytes) if recipe.device == "cpu" else get_device(gpu)
     return estimate(load_model(model), recipe, device)
+
+
+def trace_from_names(model: str, gpu: str, *, recipe_file: str | Path | None = None,
+                     overrides: dict[str, Any] | None = None,
+                     host_memory_bytes: int = 0) -> Breakdown:
+    """Like ``estimate_from_names`` but traced (``memplan.trace``; needs torch)."""
+    from .trace import trace
+
+    recipe = load_recipe(recipe_file, overrides)
+    device = cpu_device(host_memory_bytes) if recipe.device == "cpu" else get_device(gpu)
+    return trace(model, recipe, device)
 
 
 def catalog_rows() -> list[dict[str, Any]]:

@@ -64,50 +64,84 @@ def _host_memory_bytes() -> int:
 Opt = typer.Option
 
 
+_MODEL_HELP = ("HF id from the catalog (see `memplan models`), a config.json / model dir, or "
+               "package.module:function.")
+
+_RECIPE_OPTIONS: list[tuple[str, type, str]] = [
+    ("gpus", int, "Total GPUs in the job. [default: 1]"),
+    ("gpus_per_node", int, "GPUs per node. [default: min(gpus, 8)]"),
+    ("precision", str, "32-true | 16-mixed | bf16-mixed | 16-true | bf16-true | fp8-mixed. "
+                       "[default: bf16-mixed]"),
+    ("optimizer", str, "adamw | adam | sgd | sgd-momentum | adafactor | lion | adamw-8bit | "
+                       "paged-adamw | paged-adamw-8bit. [default: adamw]"),
+    ("method", str, "full | lora | qlora | freeze. [default: full]"),
+    ("lora_rank", int, "LoRA rank r. [default: 16]"),
+    ("lora_targets", str, "Comma list of q,k,v,o,gate,up,down or all-linear. "
+                          "[default: all-linear]"),
+    ("quant", str, "QLoRA base storage: none | nf4 | nf4-dq | int8. [default: none]"),
+    ("micro_batch", int, "Sequences per GPU per step. [default: 1]"),
+    ("seq_len", int, "Tokens per sequence. [default: 2048]"),
+    ("grad_accum", int, "Gradient accumulation steps. [default: 1]"),
+    ("checkpointing", str, "none | selective | full. [default: none]"),
+    ("attention", str, "eager | sdpa | flash. [default: sdpa]"),
+    ("zero", int, "ZeRO stage 0-3 (FSDP full shard = 3). [default: 0]"),
+    ("tp", int, "Tensor-parallel degree. [default: 1]"),
+    ("pp", int, "Pipeline-parallel stages. [default: 1]"),
+    ("cp", int, "Context-parallel degree. [default: 1]"),
+    ("ep", int, "Expert-parallel degree. [default: 1]"),
+    ("offload", str, "none | optimizer | params+optimizer | nvme. [default: none]"),
+    ("device", str, "cuda | cpu (cpu: no CUDA overheads, to compare with CPU runs). "
+                    "[default: cuda]"),
+]
+"""The recipe flags shared by ``estimate`` and ``trace``: (name, type, help). Unset flags are
+None and leave the recipe file's (or the default) value alone."""
+
+
+def recipe_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Give a command the recipe flags above; it receives them as ``flags`` (only those set).
+
+    Typer reads a command's parameters from its signature, so the wrapper's signature is the
+    command's own parameters with the shared ones in place of ``flags``.
+    """
+    import functools
+    import inspect
+
+    sig = inspect.signature(fn, eval_str=True)
+    names = [n for n, _, _ in _RECIPE_OPTIONS]
+    shared = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                annotation=Annotated[t | None, Opt(help=h)])
+              for n, t, h in _RECIPE_OPTIONS]
+    own = [p for p in sig.parameters.values() if p.name != "flags"]
+    cut = next((i for i, p in enumerate(own) if p.name == "recipe"), len(own))
+    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.default is not p.empty
+              else p for p in own[:cut]] + shared + [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[cut:]]
+
+    @functools.wraps(fn)
+    def wrapper(**kwargs: Any) -> Any:
+        flags = {n: kwargs.pop(n) for n in names if kwargs.get(n) is not None}
+        for n in names:
+            kwargs.pop(n, None)
+        return fn(**kwargs, flags=flags)
+
+    del wrapper.__wrapped__
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper
+
+
 @app.command()
+@recipe_options
 def estimate(
-    model: Annotated[str, typer.Argument(help="HF id from the catalog (see `memplan models`), a "
-                                              "config.json / model dir, or package.module:function.")],
+    model: Annotated[str, typer.Argument(help=_MODEL_HELP)],
     gpu: Annotated[str, Opt(help="GPU name from `memplan gpus`, e.g. H100-80GB.")] = "H100-80GB",
-    gpus: Annotated[int | None, Opt(help="Total GPUs in the job. [default: 1]")] = None,
-    gpus_per_node: Annotated[int | None, Opt(help="GPUs per node. [default: min(gpus, 8)]")] = None,
-    precision: Annotated[str | None, Opt(help="32-true | 16-mixed | bf16-mixed | 16-true | "
-                                              "bf16-true | fp8-mixed. [default: bf16-mixed]")] = None,
-    optimizer: Annotated[str | None, Opt(help="adamw | adam | sgd | sgd-momentum | adafactor | lion "
-                                              "| adamw-8bit | paged-adamw | paged-adamw-8bit. "
-                                              "[default: adamw]")] = None,
-    method: Annotated[str | None, Opt(help="full | lora | qlora | freeze. [default: full]")] = None,
-    lora_rank: Annotated[int | None, Opt(help="LoRA rank r. [default: 16]")] = None,
-    lora_targets: Annotated[str | None, Opt(help="Comma list of q,k,v,o,gate,up,down or "
-                                                 "all-linear. [default: all-linear]")] = None,
-    quant: Annotated[str | None, Opt(help="QLoRA base storage: none | nf4 | nf4-dq | int8. "
-                                          "[default: none]")] = None,
-    micro_batch: Annotated[int | None, Opt(help="Sequences per GPU per step. [default: 1]")] = None,
-    seq_len: Annotated[int | None, Opt(help="Tokens per sequence. [default: 2048]")] = None,
-    grad_accum: Annotated[int | None, Opt(help="Gradient accumulation steps. [default: 1]")] = None,
-    checkpointing: Annotated[str | None, Opt(help="none | selective | full. [default: none]")] = None,
-    attention: Annotated[str | None, Opt(help="eager | sdpa | flash. [default: sdpa]")] = None,
-    zero: Annotated[int | None, Opt(help="ZeRO stage 0-3 (FSDP full shard = 3). [default: 0]")] = None,
-    tp: Annotated[int | None, Opt(help="Tensor-parallel degree. [default: 1]")] = None,
-    pp: Annotated[int | None, Opt(help="Pipeline-parallel stages. [default: 1]")] = None,
-    cp: Annotated[int | None, Opt(help="Context-parallel degree. [default: 1]")] = None,
-    ep: Annotated[int | None, Opt(help="Expert-parallel degree. [default: 1]")] = None,
-    offload: Annotated[str | None, Opt(help="none | optimizer | params+optimizer | nvme. "
-                                            "[default: none]")] = None,
-    device: Annotated[str | None, Opt(help="cuda | cpu (cpu: no CUDA overheads, to compare with "
-                                           "CPU runs). [default: cuda]")] = None,
     recipe: Annotated[Path | None, Opt(help="Recipe TOML with the same names (underscores); "
                                             "flags given here override it.")] = None,
     format: Annotated[str, Opt("--format", help="table | json.")] = "table",
+    flags: dict[str, Any] | None = None,
 ) -> None:
     """Estimate per-GPU memory of one training configuration."""
     _check_format(format)
-    flags = {k: v for k, v in dict(
-        gpus=gpus, gpus_per_node=gpus_per_node, precision=precision, optimizer=optimizer,
-        method=method, lora_rank=lora_rank, lora_targets=lora_targets, quant=quant,
-        micro_batch=micro_batch, seq_len=seq_len, grad_accum=grad_accum,
-        checkpointing=checkpointing, attention=attention, zero=zero, tp=tp, pp=pp, cp=cp, ep=ep,
-        offload=offload, device=device).items() if v is not None}
 
     def run() -> Any:
         from . import api
@@ -115,7 +149,10 @@ def estimate(
         return api.estimate_from_names(model, gpu, recipe_file=recipe, overrides=flags,
                                        host_memory_bytes=_host_memory_bytes())
 
-    result = _guard(run)
+    _show(_guard(run), format)
+
+
+def _show(result: Any, format: str) -> None:
     if format == "json":
         _emit_json(result.to_dict())
     else:
@@ -124,6 +161,68 @@ def estimate(
         from .report import render_breakdown
 
         Console().print(render_breakdown(result))
+
+
+def _quiet_transformers() -> None:
+    """transformers logs config warnings on stderr; the CLI shows only its own output."""
+    try:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+    except ImportError:
+        pass
+
+
+@app.command()
+@recipe_options
+def trace(
+    model: Annotated[str, typer.Argument(help=_MODEL_HELP)],
+    gpu: Annotated[str, Opt(help="GPU name from `memplan gpus` (reported with --device cuda)."
+                            )] = "H100-80GB",
+    recipe: Annotated[Path | None, Opt(help="Recipe TOML with the same names (underscores); "
+                                            "flags given here override it.")] = None,
+    modules: Annotated[int, Opt(help="Rows of the per-module table at the peak (0: none).")] = 12,
+    format: Annotated[str, Opt("--format", help="table | json.")] = "table",
+    flags: dict[str, Any] | None = None,
+) -> None:
+    """Run the real model code for two training steps under fake tensors (no memory used) and
+    count every storage: the same result as `estimate`, plus which module holds what."""
+    _check_format(format)
+
+    def run() -> Any:
+        from . import api
+
+        _need_torch("trace")
+        _quiet_transformers()
+        return api.trace_from_names(model, gpu, recipe_file=recipe, overrides=flags,
+                                    host_memory_bytes=_host_memory_bytes())
+
+    result = _guard(run)
+    if format == "json":
+        from .measure.result import module_table
+
+        _emit_json({**result.to_dict(), "modules_at_peak": module_table(result.worst.peak_moment)})
+        return
+    from rich.console import Console
+
+    from .report import render_breakdown
+    from .report.measured import by_category, render_modules
+
+    console = Console()
+    console.print(render_breakdown(by_category(result)))
+    if modules:
+        console.print(render_modules(result.worst.peak_moment, limit=modules))
+
+
+def _need_torch(what: str) -> None:
+    import importlib.util
+
+    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        from .errors import MemplanError
+
+        raise MemplanError(f"`memplan {what}` runs real model code and needs "
+                           f"{' and '.join(missing)}: pip install 'memplan[hf]'.")
 
 
 @app.command()
@@ -159,6 +258,107 @@ def gpus(format: Annotated[str, Opt("--format", help="table | json.")] = "table"
         from .report import render_devices
 
         Console().print(render_devices(rows))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def measure(
+    ctx: typer.Context,
+    out: Annotated[Path, Opt(help="Folder for the report (memplan-measure.json/.png).")] = Path(
+        "memplan-measure"),
+    against: Annotated[Path | None, Opt(help="A `memplan estimate/trace --format json` file: "
+                                             "print the error per category.")] = None,
+    interval: Annotated[float, Opt(help="Sampling interval of RSS / allocator, seconds.")] = 0.01,
+    no_tensors: Annotated[bool, Opt("--no-tensors", help="Skip live-tensor tracking (faster; "
+                                                         "no categories).")] = False,
+    format: Annotated[str, Opt("--format", help="table | json.")] = "table",
+) -> None:
+    """Run a command and measure it: `memplan measure -- python train.py ...`. The child (each
+    rank under torchrun) writes a report in the estimate's JSON schema and a timeline PNG."""
+    _check_format(format)
+    cmd = list(ctx.args)
+
+    def run() -> Any:
+        from .measure.cli_run import run_measured
+
+        return run_measured(cmd, out, interval_s=interval, track_tensors=not no_tensors)
+
+    code, report = _guard(run)
+    rows = None
+    if against is not None:
+        def compare() -> Any:
+            from .breakdown import Breakdown
+            from .measure.aggregate import compare as cmp
+            from .measure.cli_run import read_json
+
+            return cmp(Breakdown.from_dict(report), Breakdown.from_dict(read_json(against)))
+
+        rows = _guard(compare)
+    if format == "json":
+        _emit_json({"report": str(out), "exit_code": code, "comparison": rows,
+                    "peak_allocated_bytes": report["gpu"]["peak_allocated_bytes"]})
+    else:
+        from rich.console import Console
+
+        from .units import fmt_bytes
+
+        console = Console()
+        rank = report["gpu"]["per_rank"][0]
+        console.print(f"measured: peak {fmt_bytes(report['gpu']['peak_allocated_bytes'])} at "
+                      f"{rank['peak_moment']} ({rank['peak_step']} step); host RSS peak "
+                      f"{fmt_bytes(report['counters'].get('peak_rss_bytes', 0))}; report in {out}/")
+        if rows is not None:
+            from .report.measured import render_comparison
+
+            console.print(render_comparison(rows, [k for k in rows[0] if k not in (
+                "what", "measured", "error_pct_of_peak", "unmodelled")][0]))
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command()
+def validate(
+    device: Annotated[str, Opt(help="cpu | cuda.")] = "cpu",
+    quick: Annotated[bool, Opt("--quick", help="The quick subset (CI).")] = False,
+    cases: Annotated[Path | None, Opt(help="A cases TOML instead of the built-in matrix.")] = None,
+    format: Annotated[str, Opt("--format", help="table | json.")] = "table",
+) -> None:
+    """Run the accuracy matrix for real, trace and estimate each case, and compare. Exits 1
+    when a case exceeds its bound (trace 1%, estimate 5% of the measured peak)."""
+    _check_format(format)
+    from rich.console import Console
+    from rich.progress import Progress
+
+    def run() -> Any:
+        _need_torch("validate")
+        _quiet_transformers()
+        from .validate import cases as list_cases
+        from .validate import validate as run_all
+
+        total = len(list_cases(quick=quick, device=device, table=cases))
+        with Progress(console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task("validating", total=total)
+            return run_all(device=device, quick=quick, table=cases,
+                           on_case=lambda r: bar.update(task, advance=1,
+                                                        description=r.case.name))
+
+    report = _guard(run).to_dict()
+    if format == "json":
+        _emit_json(report)
+    else:
+        from .report.measured import render_validation
+
+        console = Console()
+        console.print(render_validation(report))
+
+        def pct(v: float | None) -> str:
+            return "n/a" if v is None else f"{v:.2f}%"
+
+        console.print(f"estimate |error|: max {pct(report['max_abs_error_pct'])}, median "
+                      f"{pct(report['median_abs_error_pct'])}; trace |error|: max "
+                      f"{pct(report['trace_max_abs_error_pct'])}; {len(report['cases'])} cases "
+                      f"in {report['seconds']:.0f} s; {'PASSED' if report['passed'] else 'FAILED'}")
+    if not report["passed"]:
+        raise typer.Exit(1)
 
 
 def main() -> None:

@@ -8,7 +8,9 @@
     │   ├── UnknownDevice
     │   └── UnknownModel
     ├── ModelConfigError         a config.json / TOML / module that cannot be read (exit 2)
-    └── UnsupportedModel         an architecture memplan cannot describe yet (exit 2)
+    ├── UnsupportedModel         an architecture memplan cannot describe yet (exit 2)
+    ├── TraceError               a recipe the tracer / real-run harness cannot apply (exit 2)
+    └── MeasureError             a measured run that failed or left no report (exit 1)
 
 A message names the value, the rule and the fix. ``ConfigError`` carries every problem
 found at once, so a user fixes a recipe in one round trip (torchtune's habit).
@@ -27,6 +29,8 @@ __all__ = [
     "UnknownModel",
     "ModelConfigError",
     "UnsupportedModel",
+    "TraceError",
+    "MeasureError",
     "close_matches",
     "Problems",
 ]
@@ -68,6 +72,17 @@ class ModelConfigError(MemplanError):
 
 class UnsupportedModel(MemplanError):
     """An architecture (``model_type``) memplan has no description for."""
+
+
+class TraceError(MemplanError):
+    """A recipe or model that ``trace`` (or a real run built by it) cannot apply, e.g. a
+    multi-rank layout or an optimizer that needs bitsandbytes; the message says what works."""
+
+
+class MeasureError(MemplanError):
+    """A measured run failed, or left no report to read."""
+
+    exit_code = 1
 
 
 def close_matches(value: str, choices: Iterable[str], n: int = 3) -> list[str]:
@@ -112,6 +127,10 @@ class Problems:
 
     def __bool__(self) -> bool:
         return bool(self._items)
+
+    @property
+    def items(self) -> tuple[str, ...]:
+        return tuple(self._items)
 
     def raise_if_any(self) -> None:
         if self._items:

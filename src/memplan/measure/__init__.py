@@ -1,9 +1,29 @@
-"""Measuring real training steps (imports torch; import explicitly: ``import memplan.measure``).
+"""Measuring real training runs (torch; imported lazily, so ``memplan.measure.aggregate`` and
+``memplan.measure.result`` stay usable without it).
 
-``measure_step`` counts, exactly, the bytes of live tensor storages during real PyTorch
-training steps, per phase and per category; see ``memplan.measure.live``.
+- ``measure_step``: exact live tensor bytes of real training steps, per phase, moment, module
+  group and category (``live.py``, ``labels.py``);
+- ``session``: the same around a user's own loop, plus CUDA allocator counters, NVML and host
+  RSS over time (``loop.py``); ``memplan measure -- python train.py`` starts one in the child
+  (``autostart.py``);
+- ``measure_recipe``: a recipe applied to a model and run for real (``real.py``).
 """
 
-from .live import CATEGORIES, PHASES, StepMeasurement, measure_step
+from __future__ import annotations
 
-__all__ = ["CATEGORIES", "PHASES", "StepMeasurement", "measure_step"]
+from typing import Any
+
+__all__ = ["CATEGORIES", "PHASES", "MomentMeasurement", "Session", "StepMeasurement",
+           "measure_recipe", "measure_step", "session"]
+
+_WHERE = {"CATEGORIES": "live", "PHASES": "live", "MomentMeasurement": "live",
+          "StepMeasurement": "live", "measure_step": "live", "Session": "loop",
+          "session": "loop", "measure_recipe": "real"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -84,6 +84,7 @@ Known limitations
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -94,13 +95,37 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["CATEGORIES", "PHASES", "StepMeasurement", "measure_step"]
+__all__ = ["CATEGORIES", "PHASES", "MomentMeasurement", "StepMeasurement", "measure_step"]
 
 PHASES: tuple[str, ...] = ("forward", "backward", "optimizer-step")
 """Phase names, in order (the values of ``memplan.breakdown.Phase``)."""
 
 CATEGORIES: tuple[str, ...] = ("params", "gradients", "optimizer", "activations", "temporary")
 """Category names (values of the matching ``memplan.breakdown.Category`` members)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MomentMeasurement:
+    """The peak of one labelled stretch of a step."""
+
+    label: str
+    """E.g. ``forward: model.layers.3`` or ``optimizer-step``."""
+    phase: str
+    """One of ``PHASES``."""
+    peak_bytes: int
+    """Most live bytes within the stretch (including the level at its start)."""
+    by_owner: dict[str, dict[str, int]]
+    """At that peak: module group -> category -> bytes (non-zero entries only); sums to
+    ``peak_bytes``. Groups: ``labels.py``; ``""`` for storages no group claims."""
+
+    @property
+    def at_peak(self) -> dict[str, int]:
+        """Bytes per category (every one of ``CATEGORIES``)."""
+        out = dict.fromkeys(CATEGORIES, 0)
+        for cats in self.by_owner.values():
+            for c, b in cats.items():
+                out[c] += b
+        return out
 
 
 @dataclass(frozen=True)
@@ -123,6 +148,10 @@ class StepMeasurement:
     end_bytes: int
     """Live bytes carried into the next step: after ``optimizer.step`` and dropping the loss
     (parameters, buffers, gradients, optimizer states, the batch, anything leaked)."""
+    moments: tuple[MomentMeasurement, ...] = ()
+    """The step's timeline: one entry per labelled stretch (each phase, and with
+    ``labels=True`` each module group's forward and backward), with what was live at its
+    peak per module group and category. Not part of ``to_dict`` (see ``memplan.measure.result``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -149,6 +178,7 @@ class _Rec:
     opt: bool = False
     saved: bool = False
     fwd_survivor: bool = False
+    owner: str = ""  # module group that holds it (see ``labels.py``); "" if unknown
 
     def category(self) -> str:
         if self.param:
@@ -163,6 +193,17 @@ class _Rec:
 
 
 @dataclass(slots=True)
+class _Segment:
+    """A stretch of the step between two labelled instants (a moment of the timeline)."""
+
+    label: str
+    phase: str
+    peak: int
+    peak_idx: int
+    start_idx: int
+
+
+@dataclass(slots=True)
 class _Window:
     step: int
     start_idx: int
@@ -172,6 +213,7 @@ class _Window:
     peak_idx: int = 0
     peak_phase: str = PHASES[0]
     phase_peaks: dict[str, int] = field(default_factory=dict)
+    segments: list[_Segment] = field(default_factory=list)
 
 
 # Ops whose input is a tensor created outside the dispatcher a moment ago (``torch.tensor``).
@@ -218,6 +260,12 @@ class _StorageTracker(TorchDispatchMode):
         self._next_uid = 1
         self.phase: str | None = None
         self.window: _Window | None = None
+        self.owner = ""  # module group credited with new allocations (``labels.py``)
+        self.times: list[float] | None = None  # perf_counter() of each event, when timing
+
+    def start_timing(self) -> None:
+        """Record the time of every event from now on (for timelines; costs one float each)."""
+        self.times = [time.perf_counter()] * len(self.events)
 
     # -- storage bookkeeping -------------------------------------------------------------
     def see(self, t: torch.Tensor) -> list[_Rec]:
@@ -238,7 +286,7 @@ class _StorageTracker(TorchDispatchMode):
             self._free(uid)
             new = _Rec(
                 nbytes, rec.window, rec.phase, rec.recomputed, rec.param, rec.grad, rec.opt,
-                rec.saved, rec.fwd_survivor,
+                rec.saved, rec.fwd_survivor, rec.owner,
             )
             return self._alloc(sid, new)
         rec = _Rec(
@@ -248,6 +296,7 @@ class _StorageTracker(TorchDispatchMode):
             recomputed=self.phase == "backward"
             and torch.is_grad_enabled()
             and _graph_task_id() >= 0,
+            owner=self.owner,
         )
         self._refs[sid] = weakref.ref(st, partial(self._on_finalize, sid))
         return self._alloc(sid, rec)
@@ -260,6 +309,8 @@ class _StorageTracker(TorchDispatchMode):
         self.live[uid] = rec.nbytes
         self.live_bytes += rec.nbytes
         self.events.append(uid)
+        if self.times is not None:
+            self.times.append(time.perf_counter())
         self.check_peak()
         return rec
 
@@ -268,6 +319,8 @@ class _StorageTracker(TorchDispatchMode):
         if nbytes is not None:
             self.live_bytes -= nbytes
             self.events.append(-uid)
+            if self.times is not None:
+                self.times.append(time.perf_counter())
 
     def _on_finalize(self, sid: int, _ref: weakref.ref) -> None:
         # Runs when the storage's (preserved) Python object dies, i.e. when the storage is freed.
@@ -287,6 +340,36 @@ class _StorageTracker(TorchDispatchMode):
             w.peak = live
             w.peak_idx = len(self.events)
             w.peak_phase = phase
+        seg = w.segments[-1] if w.segments else None
+        if seg is not None and live > seg.peak:
+            seg.peak = live
+            seg.peak_idx = len(self.events)
+
+    def set_phase(self, phase: str | None) -> None:
+        """Enter ``phase`` (one of ``PHASES``, or None between steps); opens a moment."""
+        self.phase = phase
+        if phase is not None:
+            self.mark(phase)
+        self.check_peak()
+
+    def mark(self, label: str) -> None:
+        """Start a new moment called ``label`` in the current phase (no-op outside a step)."""
+        w, phase = self.window, self.phase
+        if w is None or phase is None:
+            return
+        n = len(self.events)
+        if w.segments and w.segments[-1].start_idx == n:
+            w.segments.pop()  # nothing happened in the previous stretch: replace it
+        w.segments.append(_Segment(label, phase, self.live_bytes, n, n))
+
+    def compact(self) -> None:
+        """Forget the event log and the records of freed storages (between steps only), so a
+        long session does not grow without bound."""
+        assert self.window is None, "compact() inside a step"
+        self.events.clear()
+        if self.times is not None:
+            self.times.clear()
+        self.recs = {uid: self.recs[uid] for uid in self.live}
 
     def close(self) -> None:
         # Dropping the weakrefs drops their finalizers: nothing fires into this object later.
@@ -348,19 +431,64 @@ def _replay(w: _Window, tracker: _StorageTracker) -> dict[str, int]:
     return cats
 
 
-def _mark_grads(tracker: Any, params: list[Any]) -> None:
+def _replay_moments(w: _Window, tracker: _StorageTracker) -> tuple[MomentMeasurement, ...]:
+    """What was live at each segment's peak, per (owner, category), by one pass over the log."""
+    live = set(w.start_live)
+    counts: dict[tuple[str, str], int] = {}
+
+    def add(uid: int, sign: int) -> None:
+        rec = tracker.recs[uid]
+        key = (rec.owner, rec.category())
+        counts[key] = counts.get(key, 0) + sign * rec.nbytes
+
+    for uid in live:
+        add(uid, 1)
+    events, i, out = tracker.events, w.start_idx, []
+    for seg in w.segments:
+        while i < seg.peak_idx:
+            ev = events[i]
+            if ev > 0 and ev not in live:
+                live.add(ev)
+                add(ev, 1)
+            elif ev < 0 and -ev in live:
+                live.discard(-ev)
+                add(-ev, -1)
+            i += 1
+        by_owner: dict[str, dict[str, int]] = {}
+        for (owner, cat), b in counts.items():
+            if b:
+                by_owner.setdefault(owner, {})[cat] = b
+        out.append(MomentMeasurement(label=seg.label, phase=seg.phase, peak_bytes=seg.peak,
+                                     by_owner=by_owner))
+    return tuple(out)
+
+
+def _mark_params(tracker: Any, tensors: list[Any], owners: Mapping[int, str]) -> None:
+    """Categorise parameters and buffers, crediting each to its module group."""
+    for t in tensors:
+        for rec in tracker.see(t):
+            rec.param = True
+            rec.owner = owners.get(id(t), rec.owner)
+
+
+def _mark_grads(tracker: Any, params: list[Any], owners: Mapping[int, str] = {}) -> None:
     """Categorise every parameter's current ``.grad`` storage as a gradient."""
     for p in params:
         if p.grad is not None:
             for rec in tracker.see(p.grad):
                 rec.grad = True
+                rec.owner = owners.get(id(p), rec.owner)
 
 
-def _mark_optimizer_state(tracker: Any, optimizer: Any) -> None:
+def _mark_optimizer_state(tracker: Any, optimizer: Any, owners: Mapping[int, str] = {}) -> None:
     """Categorise every tensor held in ``optimizer.state`` as optimizer state."""
-    for t in _optimizer_tensors(optimizer):
-        for rec in tracker.see(t):
-            rec.opt = True
+    for param, state in optimizer.state.items():
+        if not isinstance(state, Mapping):
+            continue
+        for t in _tensors(list(state.values())):
+            for rec in tracker.see(t):
+                rec.opt = True
+                rec.owner = owners.get(id(param), rec.owner)
 
 
 def measure_step(
@@ -371,6 +499,7 @@ def measure_step(
     autocast_dtype: torch.dtype | None = None,
     steps: int = 2,
     loss_fn: Callable[[torch.nn.Module, dict], torch.Tensor] | None = None,
+    labels: bool = True,
 ) -> list[StepMeasurement]:
     """Run ``steps`` real training steps and count live tensor bytes in each.
 
@@ -379,7 +508,13 @@ def measure_step(
     when given; ``loss.backward()``; ``optimizer.step()``. The model and optimizer are really
     updated. Returns one ``StepMeasurement`` per step; step 0 includes the creation of lazily
     initialised optimizer states, later steps are the steady state.
+
+    With ``labels`` (the default), module hooks (``memplan.measure.labels``) split each phase
+    into moments per module group (``forward: model.layers.3``...) and credit every storage to
+    the group that holds it; the hooks allocate nothing, so the numbers are the same either way.
     """
+    from .labels import BATCH, OPTIMIZER, ROOT, ModuleLabeller
+
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     loss_fn = loss_fn or _default_loss
@@ -388,29 +523,30 @@ def measure_step(
     device_type = params[0].device.type if params else "cpu"
 
     tracker = _StorageTracker()
+    labeller = ModuleLabeller(model, tracker) if labels else None
+    owners = labeller.owner_of_tensor if labeller else {}
     results: list[StepMeasurement] = []
     try:
         with tracker, torch.autograd.graph.saved_tensors_hooks(
             tracker.pack_hook, tracker.unpack_hook
         ):
             for step in range(steps):
-                tracker.phase = None
+                tracker.set_phase(None)
                 optimizer.zero_grad(set_to_none=True)
 
                 # State alive before the step: known by now, or registered here.
-                for t in params + buffers:
-                    for rec in tracker.see(t):
-                        rec.param = True
-                _mark_grads(tracker, params)
-                _mark_optimizer_state(tracker, optimizer)
+                _mark_params(tracker, params + buffers, owners)
+                _mark_grads(tracker, params, owners)
+                _mark_optimizer_state(tracker, optimizer, owners)
+                tracker.owner = BATCH if labeller else ""
                 for t in _tensors(batch):
                     tracker.see(t)
+                tracker.owner = ROOT if labeller else ""
 
                 w = _Window(step, len(tracker.events), dict(tracker.live), tracker.live_bytes)
                 tracker.window = w
 
-                tracker.phase = "forward"
-                tracker.check_peak()
+                tracker.set_phase("forward")
                 if autocast_dtype is not None:
                     with torch.autocast(device_type, dtype=autocast_dtype):
                         loss = loss_fn(model, batch)
@@ -421,21 +557,21 @@ def measure_step(
                     if rec.window == step and rec.phase == "forward":
                         rec.fwd_survivor = True
 
-                tracker.phase = "backward"
-                tracker.check_peak()
+                tracker.set_phase("backward")
                 loss.backward()
-                _mark_grads(tracker, params)
+                _mark_grads(tracker, params, owners)
 
-                tracker.phase = "optimizer-step"
-                tracker.check_peak()
+                tracker.set_phase("optimizer-step")
+                tracker.owner = OPTIMIZER if labeller else ""
                 optimizer.step()
-                _mark_optimizer_state(tracker, optimizer)
-                _mark_grads(tracker, params)
+                _mark_optimizer_state(tracker, optimizer, owners)
+                _mark_grads(tracker, params, owners)
 
-                tracker.phase = None
+                tracker.set_phase(None)
                 tracker.window = None
                 del loss
                 at_peak = _replay(w, tracker)
+                moments = _replay_moments(w, tracker)
                 results.append(
                     StepMeasurement(
                         step=step,
@@ -445,8 +581,11 @@ def measure_step(
                         at_peak=at_peak,
                         start_bytes=w.start_bytes,
                         end_bytes=tracker.live_bytes,
+                        moments=moments,
                     )
                 )
     finally:
         tracker.close()
+        if labeller is not None:
+            labeller.detach()
     return results

@@ -17,7 +17,7 @@ from .catalog import catalog, find
 from .hf import from_hf_config
 from .spec import ModelSpec
 
-__all__ = ["load_model", "read_config_json"]
+__all__ = ["load_model", "find_config", "read_config_json"]
 
 
 def read_config_json(path: Path) -> dict[str, Any]:
@@ -77,6 +77,25 @@ def _from_hub(repo_id: str) -> Path | None:
 def _looks_like_repo_id(name: str) -> bool:
     parts = name.split("/")
     return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
+
+
+def find_config(name: str) -> tuple[dict[str, Any], str] | None:
+    """The config.json dict behind ``name`` and where it came from, by the same lookup as
+    ``load_model`` (catalog, file or directory, HF cache, Hub); None for anything else (a
+    ``module:function`` factory, or nothing found: ``load_model`` raises the helpful error)."""
+    entry = find(name)
+    if entry is not None:
+        return entry.config(), f"catalog:{entry.file}"
+    path = Path(name).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        path = path / "config.json"
+    if path.is_file():
+        return read_config_json(path), str(path)
+    if ":" not in name and _looks_like_repo_id(name):
+        found = _from_hf_cache(name) or _from_hub(name)
+        if found is not None:
+            return read_config_json(found), str(found)
+    return None
 
 
 def load_model(name: str) -> ModelSpec:

@@ -1,0 +1,94 @@
+"""Writing session reports (one per rank under torchrun, plus rank 0's aggregate) and comparing
+a measurement with an estimate or a trace. No torch needed."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ..breakdown import Breakdown, Category
+
+__all__ = ["write_reports", "aggregate", "compare", "report_paths"]
+
+log = logging.getLogger(__name__)
+STEM = "memplan-measure"
+_WAIT_S = 60.0  # how long rank 0 waits for the other ranks' reports
+
+
+def report_paths(out: Path, rank: int, world: int) -> tuple[Path, Path]:
+    """(JSON, PNG) of one rank: ``<stem>.json/.png`` alone, ``<stem>.rank<R>.*`` under torchrun."""
+    stem = STEM if world == 1 else f"{STEM}.rank{rank}"
+    return out / f"{stem}.json", out / f"{stem}.png"
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)  # atomic: a waiting rank 0 never reads half a file
+
+
+def write_reports(report: dict[str, Any], out: Path, *, plot: bool = True) -> list[Path]:
+    """Write this rank's JSON (and PNG when matplotlib is installed); rank 0 of several also
+    waits for the others' reports and writes the aggregate ``<stem>.json``."""
+    out.mkdir(parents=True, exist_ok=True)
+    rank, world = int(report.get("rank", 0)), int(report.get("world_size", 1))
+    json_path, png_path = report_paths(out, rank, world)
+    _write_json(json_path, report)
+    written = [json_path]
+    if plot:
+        try:
+            from ..report.plot import plot_timeline
+        except ImportError:
+            log.warning("matplotlib is not installed: no PNG (pip install 'memplan[plot]')")
+        else:
+            written.append(plot_timeline(report, png_path))
+    if world > 1 and rank == 0:
+        paths = [report_paths(out, r, world)[0] for r in range(world)]
+        deadline = time.monotonic() + _WAIT_S
+        while not all(p.exists() for p in paths) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        found = [json.loads(p.read_text()) for p in paths if p.exists()]
+        agg = aggregate(found, world)
+        _write_json(out / f"{STEM}.json", agg)
+        written.append(out / f"{STEM}.json")
+    return written
+
+
+def aggregate(reports: list[dict[str, Any]], world: int) -> dict[str, Any]:
+    """One Breakdown whose ``per_rank`` lists every rank's role; maxima over ranks on top."""
+    ranks = [r for rep in reports for r in Breakdown.from_dict(rep).ranks]
+    first = Breakdown.from_dict(reports[0])
+    b = Breakdown(source="measure", model=first.model, recipe=first.recipe, device=first.device,
+                  ranks=tuple(ranks))
+    missing = sorted(set(range(world)) - {int(r.get("rank", 0)) for r in reports})
+    return {**b.to_dict(), "world_size": world, "ranks_missing": missing,
+            "counters": {f"rank{r.get('rank', 0)}": r.get("counters", {}) for r in reports}}
+
+
+def compare(measured: Breakdown, other: Breakdown) -> list[dict[str, Any]]:
+    """Per category at the peak and for the peak itself: ``other`` (an estimate or a trace)
+    against ``measured``; error in % of the measured peak (a category's own measured bytes can
+    be 0)."""
+    m, o = measured.worst, other.worst
+    peak = m.peak_allocated_bytes or 1
+    mc, oc = m.categories_at_peak(), o.categories_at_peak()
+    rows = []
+    for c in Category:
+        if mc[c] or oc[c]:
+            rows.append({"what": str(c), "measured": mc[c], str(other.source): oc[c],
+                         "error_pct_of_peak": (oc[c] - mc[c]) / peak * 100,
+                         "unmodelled": c in o.unmodelled})
+    rows.append({"what": "peak allocated", "measured": m.peak_allocated_bytes,
+                 str(other.source): o.peak_allocated_bytes,
+                 "error_pct_of_peak": (o.peak_allocated_bytes - m.peak_allocated_bytes)
+                 / peak * 100, "unmodelled": False})
+    return rows
+
+
+def env_rank() -> tuple[int, int]:
+    """(RANK, WORLD_SIZE) as torchrun sets them, (0, 1) otherwise."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))

@@ -1,0 +1,53 @@
+"""``measure_recipe``: build a model with a recipe on real tensors and measure two real steps.
+
+The counterpart of ``memplan.trace.trace`` (same builder, same tracker, real memory): what
+``validate`` compares the tracer and the estimator with. Meant for small models. On CUDA the
+allocator's counters over the same steps are recorded too, under ``device['allocator']``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..breakdown import Breakdown
+from ..hardware import Device
+from ..recipe import Recipe
+
+__all__ = ["measure_recipe", "HOW"]
+
+HOW = "measured: live storage bytes of a real step"
+
+
+def measure_recipe(model: str, recipe: Recipe, device: Device, *, steps: int = 2) -> Breakdown:
+    """Really run ``steps`` training steps of ``model`` with ``recipe`` on ``recipe.device``."""
+    import torch
+
+    from ..trace.workload import build_model, build_workload
+    from .live import measure_step
+    from .result import to_breakdown
+
+    cuda = recipe.device == "cuda"
+    base = 0
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    w = build_workload(build_model(model, recipe, device=recipe.device), recipe)
+    measured = measure_step(w.model, w.batch, w.optimizer, autocast_dtype=w.autocast_dtype,
+                            loss_fn=w.loss_fn, steps=steps)
+    dev: dict[str, Any] = device.to_dict()
+    if cuda:
+        # The allocator's own counters over the same steps (block rounding, workspaces and
+        # kernel scratch included), next to the tracker's logical bytes.
+        stats = torch.cuda.memory_stats()
+        dev["allocator"] = {
+            "max_memory_allocated": torch.cuda.max_memory_allocated() - base,
+            "max_memory_reserved": torch.cuda.max_memory_reserved(),
+            "active_bytes.all.peak": int(stats.get("active_bytes.all.peak", 0)),
+        }
+    info, notes = w.info, w.notes
+    del w
+    if cuda:
+        torch.cuda.empty_cache()
+    return to_breakdown(measured, source="measure", how=HOW, model=info,
+                        recipe=recipe.to_dict(), device=dev, notes=notes)

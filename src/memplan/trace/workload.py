@@ -1,0 +1,365 @@
+"""A recipe applied to real model code: the module, its optimizer and a batch, ready to step.
+
+The same builder serves ``trace`` (under ``FakeTensorMode``: no memory is used) and the real
+runs of ``validate`` (real tensors), so the two execute identical code. What a recipe becomes:
+
+====================  ==========================================================================
+recipe                applied as
+====================  ==========================================================================
+precision             ``32-true``: fp32 weights; ``bf16-mixed``/``16-mixed``: fp32 weights and
+                      ``torch.autocast(dtype=bf16/fp16)``; ``bf16-true``/``16-true``:
+                      ``model.to(bf16/fp16)``
+optimizer             ``torch.optim.AdamW`` / ``Adam`` / ``SGD`` (``sgd-momentum``: momentum 0.9) /
+                      ``Adafactor``, over the trainable parameters, default (non-fused) kernels
+method                ``lora``: PEFT ``get_peft_model`` with ``LoraConfig(r, lora_alpha,
+                      target_modules, lora_dropout=0)``, adapters in ``adapter_dtype``;
+                      ``freeze``: only the last ``freeze_trainable_layers`` blocks train
+checkpointing         ``full``: ``gradient_checkpointing_enable(use_reentrant=False)``
+attention             transformers ``attn_implementation`` (``eager``, ``sdpa``; ``flash`` on
+                      CUDA is SDPA, whose flash kernel keeps no S x S scores either)
+micro_batch, seq_len  ``input_ids`` of shape (micro_batch, seq_len) and ``labels`` (a copy)
+====================  ==========================================================================
+
+Everything else must keep its single-rank default; ``check_traceable`` says why and how.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError, ModelConfigError, Problems, TraceError, did_you_mean
+from ..model.resolve import find_config
+from ..recipe import Recipe
+
+__all__ = ["Built", "Workload", "check_traceable", "build_model", "materialize", "build_workload",
+           "OPTIMIZERS"]
+
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor")
+"""Recipe optimizers with a ``torch.optim`` implementation (the others need bitsandbytes or
+a third-party package)."""
+
+_LR = 1e-4  # any value: memory does not depend on it
+_TARGET_LEAVES = {
+    "q": ("q_proj", "query", "wq"), "k": ("k_proj", "key", "wk"), "v": ("v_proj", "value", "wv"),
+    "o": ("o_proj", "out_proj", "wo", "dense"), "gate": ("gate_proj", "w1"),
+    "up": ("up_proj", "w3", "fc1"), "down": ("down_proj", "w2", "fc2"),
+}
+"""Leaf module names of each LoRA target (the names of ``memplan.model.module`` minus those
+that are ambiguous, such as GPT-2's ``c_proj`` used by attention and MLP)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Workload:
+    """Everything one training step needs."""
+
+    model: Any
+    """The ``nn.Module`` (wrapped by PEFT under LoRA), in train mode."""
+    optimizer: Any
+    """A ``torch.optim`` optimizer over the trainable parameters."""
+    batch: dict[str, Any]
+    """``input_ids`` and ``labels``."""
+    autocast_dtype: Any
+    """``torch.bfloat16`` / ``torch.float16`` under ``*-mixed``, else None."""
+    loss_fn: Callable[[Any, dict[str, Any]], Any] | None
+    """None for transformers models (``model(**batch).loss``)."""
+    info: dict[str, Any]
+    """``id``, ``params``, ``trainable_params``, ``layers``, ``source`` for the Breakdown."""
+    notes: tuple[str, ...] = field(default=())
+    """How the recipe was applied, where that is not obvious."""
+
+
+def check_traceable(recipe: Recipe) -> tuple[str, ...]:
+    """Raise ``TraceError`` listing every recipe value a single-process run cannot apply;
+    return notes about approximations."""
+    p, notes = Problems(), []
+    for name in ("gpus", "tp", "pp", "cp", "ep"):
+        if getattr(recipe, name) != 1:
+            p.add(f"{name}={getattr(recipe, name)}: trace and real runs execute one rank; "
+                  f"use {name}=1 (and `memplan estimate` for parallel layouts).")
+    if recipe.zero:
+        p.add(f"zero={recipe.zero}: sharding needs a process group; trace uses zero=0.")
+    if recipe.offload != "none":
+        p.add(f"offload={recipe.offload}: offload needs DeepSpeed/FSDP; use offload=none.")
+    if recipe.precision == "fp8-mixed":
+        p.add("precision=fp8-mixed needs Transformer Engine on a GPU; use bf16-mixed.")
+    if recipe.optimizer not in OPTIMIZERS:
+        p.add(f"optimizer={recipe.optimizer} has no torch.optim implementation (bitsandbytes / "
+              f"third party); use one of {', '.join(OPTIMIZERS)}.")
+    if recipe.method == "qlora":
+        p.add("method=qlora needs bitsandbytes 4-bit kernels on CUDA; use method=lora.")
+    if recipe.checkpointing == "selective":
+        p.add("checkpointing=selective: transformers only checkpoints whole layers; use none or "
+              "full.")
+    if recipe.attention == "flash":
+        if recipe.device == "cpu":
+            p.add("attention=flash needs CUDA; with device=cpu use sdpa (its CPU flash kernel "
+                  "keeps no S x S scores either).")
+        else:
+            notes.append("attention=flash traced as SDPA (its flash backend on CUDA).")
+    if recipe.grad_accum > 1:
+        notes.append(f"grad_accum={recipe.grad_accum}: one micro-batch per step is run; "
+                     "accumulating keeps the same peak once gradients exist.")
+    if p:
+        raise TraceError(str(ConfigError(p.items)))
+    return tuple(notes)
+
+
+def _torch_dtype(torch: Any, precision: str) -> tuple[Any, Any]:
+    """(parameter dtype, autocast dtype) of a precision."""
+    half = torch.float16 if precision.startswith("16") else torch.bfloat16
+    if precision.endswith("-true") and precision != "32-true":
+        return half, None
+    if precision.endswith("-mixed"):
+        return torch.float32, half
+    return torch.float32, None
+
+
+def _hf_model(config: dict[str, Any], recipe: Recipe, where: str) -> Any:
+    import transformers
+
+    data = {k: v for k, v in config.items() if k not in ("transformers_version", "_name_or_path")}
+    model_type = data.pop("model_type", None)
+    if not model_type:
+        raise ModelConfigError(f"{where}: config has no 'model_type'; supply the model's "
+                               "complete config.json.")
+    attn = "sdpa" if recipe.attention == "flash" else recipe.attention
+    try:
+        cfg = transformers.AutoConfig.for_model(model_type, **data)
+    except (ValueError, KeyError) as e:
+        raise ModelConfigError(f"{where}: transformers cannot build a config for model_type "
+                               f"{model_type!r} ({e}).") from None
+    cfg.use_cache = False
+    archs = [a for a in (data.get("architectures") or []) if hasattr(transformers, a)]
+    cls = getattr(transformers, archs[0]) if archs else None
+    if cls is None:
+        for auto in ("AutoModelForCausalLM", "AutoModelForMaskedLM", "AutoModelForSeq2SeqLM"):
+            mapping = getattr(transformers, auto)._model_mapping
+            if type(cfg) in mapping:
+                cls = mapping[type(cfg)]
+                break
+    if cls is None:
+        raise ModelConfigError(f"{where}: no transformers model class with a language-model "
+                               f"head for model_type {model_type!r}.")
+    cfg._attn_implementation = attn
+    return cls(cfg)
+
+
+def _factory_model(ref: str) -> Any:
+    mod_name, _, fn_name = ref.partition(":")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise ModelConfigError(f"{ref}: cannot import module {mod_name!r} ({e}). Fix: put it "
+                               "on PYTHONPATH.") from None
+    fn = getattr(mod, fn_name, None)
+    if not callable(fn):
+        names = [n for n in dir(mod) if not n.startswith("_")]
+        raise ModelConfigError(f"{ref}: module {mod_name!r} has no function {fn_name!r}."
+                               f"{did_you_mean(fn_name, names)}")
+    return fn()
+
+
+def _vocab(model: Any, torch: Any) -> int:
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "vocab_size", None):
+        return int(cfg.vocab_size)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Embedding):
+            return int(m.num_embeddings)
+    raise ModelConfigError("cannot find the vocabulary size (no config.vocab_size and no "
+                           "nn.Embedding) to make token ids.")
+
+
+def _generic_loss(model: Any, batch: dict[str, Any]) -> Any:
+    """Next-token cross-entropy on a module that maps ids to logits (or has ``.logits``)."""
+    import torch
+
+    out = model(batch["input_ids"])
+    if getattr(out, "loss", None) is not None:
+        return out.loss
+    logits = getattr(out, "logits", out)
+    return torch.nn.functional.cross_entropy(logits.flatten(0, -2).float(),
+                                             batch["labels"].flatten())
+
+
+def _apply_lora(model: Any, recipe: Recipe, torch: Any) -> Any:
+    try:
+        import peft
+    except ImportError:
+        raise TraceError("method=lora needs PEFT: pip install 'memplan[peft]'.") from None
+    wanted = {leaf for t in recipe.lora_targets for leaf in _TARGET_LEAVES[t]}
+    present = {n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear)}
+    targets = sorted(wanted & present)
+    if not targets:
+        raise TraceError(f"lora_targets={','.join(recipe.lora_targets)} match no nn.Linear of "
+                         f"this model (its linear layers: {', '.join(sorted(present)) or 'none'}).")
+    cfg = peft.LoraConfig(r=recipe.lora_rank, lora_alpha=recipe.lora_alpha,
+                          target_modules=targets, lora_dropout=0.0)
+    model = peft.get_peft_model(model, cfg)
+    # PEFT upcasts adapters of 16-bit bases to fp32 (autocast_adapter_dtype); the recipe's
+    # adapter_dtype says what the user keeps.
+    target = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
+        recipe.adapter_dtype]
+    for name, p in model.named_parameters():
+        if "lora_" in name and p.dtype != target:
+            p.data = p.data.to(target)
+    return model
+
+
+def _freeze(model: Any, keep: int) -> None:
+    from ..measure.labels import _stack
+
+    stack = _stack(model)
+    if stack is None:
+        raise TraceError("method=freeze needs a layer stack (an nn.ModuleList of blocks).")
+    blocks = list(model.get_submodule(stack))
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for block in blocks[-keep:]:
+        for p in block.parameters():
+            p.requires_grad_(True)
+
+
+def _optimizer(torch: Any, name: str, params: list[Any]) -> Any:
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=_LR)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=_LR)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=_LR)
+    if name == "sgd-momentum":
+        return torch.optim.SGD(params, lr=_LR, momentum=0.9)
+    return torch.optim.Adafactor(params, lr=1e-2)
+
+
+def _materialize(model: Any, device: str, torch: Any) -> None:
+    """Replace the meta parameters and buffers of ``model`` by empty tensors on ``device`` (fake
+    ones under ``FakeTensorMode``), keeping tied tensors tied and ``requires_grad``."""
+    def empty(t: Any) -> Any:
+        return torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device=device)
+
+    new: dict[int, Any] = {}
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                if id(p) not in new:
+                    new[id(p)] = torch.nn.Parameter(empty(p), requires_grad=p.requires_grad)
+                module._parameters[name] = new[id(p)]
+        for name, b in list(module._buffers.items()):
+            if b is not None:
+                if id(b) not in new:
+                    new[id(b)] = empty(b)
+                module._buffers[name] = new[id(b)]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Built:
+    """A module with the recipe applied, before its batch and optimizer exist."""
+
+    model: Any
+    """The ``nn.Module`` (PEFT-wrapped under LoRA)."""
+    model_ref: str
+    """What the user named."""
+    source: str
+    """Where its config or code came from."""
+    notes: tuple[str, ...]
+    """From ``check_traceable``."""
+
+
+def build_model(model_ref: str, recipe: Recipe, *, device: str, seed: int = 0) -> Built:
+    """Build ``model_ref`` (catalog id, config.json or directory, ``module:function``) on
+    ``device`` (``meta`` to trace) with the recipe's dtype, checkpointing and method applied.
+
+    Raises:
+        TraceError: the recipe cannot be applied (see ``check_traceable``).
+        ModelConfigError / UnknownModel: the model cannot be built.
+    """
+    notes = check_traceable(recipe)
+    import torch
+
+    torch.manual_seed(seed)
+    found = find_config(model_ref)
+    with torch.device(device):
+        if found is not None:
+            model = _hf_model(found[0], recipe, found[1])
+            source = found[1]
+        elif ":" in model_ref:
+            model = _factory_model(model_ref)
+            source = f"module {model_ref}"
+        else:
+            from ..model import load_model
+
+            load_model(model_ref)  # raises the helpful UnknownModel error
+            raise AssertionError("unreachable")
+        if not isinstance(model, torch.nn.Module):
+            raise ModelConfigError(f"{model_ref}: built {type(model).__name__}, expected a "
+                                   "torch.nn.Module.")
+        dtype, _ = _torch_dtype(torch, recipe.precision)
+        if dtype != torch.float32:
+            model.to(dtype)
+        if recipe.checkpointing == "full":
+            enable = getattr(model, "gradient_checkpointing_enable", None)
+            if enable is None:
+                raise TraceError(f"{model_ref}: checkpointing=full needs a transformers model "
+                                 "(gradient_checkpointing_enable); use checkpointing=none.")
+            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if recipe.method == "lora":
+            model = _apply_lora(model, recipe, torch)
+        elif recipe.method == "freeze":
+            _freeze(model, recipe.freeze_trainable_layers)
+    return Built(model=model, model_ref=model_ref, source=source, notes=notes)
+
+
+def materialize(model: Any, device: str) -> None:
+    """Replace the meta parameters and buffers of ``model`` by empty tensors on ``device`` (fake
+    ones under ``FakeTensorMode``: ``Module.to`` cannot convert fake parameters, it swaps them),
+    keeping tied tensors tied and ``requires_grad``."""
+    import torch
+
+    def empty(t: Any) -> Any:
+        return torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device=device)
+
+    new: dict[int, Any] = {}
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                if id(p) not in new:
+                    new[id(p)] = torch.nn.Parameter(empty(p), requires_grad=p.requires_grad)
+                module._parameters[name] = new[id(p)]
+        for name, b in list(module._buffers.items()):
+            if b is not None:
+                if id(b) not in new:
+                    new[id(b)] = empty(b)
+                module._buffers[name] = new[id(b)]
+
+
+def build_workload(built: Built, recipe: Recipe) -> Workload:
+    """The batch and optimizer for ``built`` (call under ``FakeTensorMode`` to trace)."""
+    import torch
+
+    model = built.model
+    with torch.device(recipe.device):
+        model.train()
+        ids = torch.randint(0, _vocab(model, torch), (recipe.micro_batch, recipe.seq_len))
+        batch = {"input_ids": ids, "labels": ids.clone()}
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = _optimizer(torch, recipe.optimizer, trainable)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    hf = type(base).__module__.startswith("transformers.")
+    from ..measure.labels import _stack
+
+    stack = _stack(model)
+    info = {
+        "id": built.model_ref,
+        "params": sum(p.numel() for p in model.parameters()),
+        "trainable_params": sum(p.numel() for p in trainable),
+        "layers": len(model.get_submodule(stack)) if stack else 0,
+        "source": built.source,
+    }
+    _, autocast = _torch_dtype(torch, recipe.precision)
+    return Workload(model=model, optimizer=optimizer, batch=batch, autocast_dtype=autocast,
+                    loss_fn=None if hf else _generic_loss, info=info, notes=built.notes)

@@ -1,0 +1,269 @@
+"""``validate``: memplan's built-in accuracy suite (torch, transformers and PEFT required).
+
+Each case of ``cases.toml`` (a real architecture at a tiny size, ``tiny/*.json``, with a recipe)
+is run three ways and the peaks of allocated bytes are compared:
+
+- **measured**: two real training steps (``memplan.measure.real.measure_recipe``): exact live
+  tensor bytes on CPU; on CUDA, ``torch.cuda.max_memory_allocated``;
+- **traced**: the same code under ``FakeTensorMode`` (``memplan.trace.trace``);
+- **estimated**: the analytical ``memplan.estimate.estimate`` on the model's config.
+
+Bounds (``BOUNDS``): the trace must be within 1% of the measurement, the estimate within 5%.
+The report lists every case, its errors per category, and the aggregate errors.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ..breakdown import Breakdown
+from ..errors import ConfigError
+from ..recipe import Recipe
+
+__all__ = ["BOUNDS", "Case", "CaseResult", "ValidationReport", "cases", "measured_peak", "validate"]
+
+BOUNDS = {"trace": 1.0, "estimate": 5.0}
+"""Largest allowed |error| of the peak allocated bytes, in % of the measured peak (issue #4)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Case:
+    """One row of ``cases.toml``."""
+
+    name: str
+    """Short description, unique."""
+    model: str
+    """Path of the tiny config.json."""
+    recipe: Recipe
+    """The recipe (``device`` set by the run)."""
+    quick: bool
+    """Part of ``--quick``."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CaseResult:
+    """The three peaks of one case, or the error that stopped it."""
+
+    case: Case
+    """The case."""
+    measured: Breakdown | None = None
+    """Real run."""
+    traced: Breakdown | None = None
+    """Fake-tensor trace."""
+    estimated: Breakdown | None = None
+    """Analytical estimate."""
+    seconds: float = 0.0
+    """Wall time of the three."""
+    error: str = ""
+    """Why the case did not complete ('' when it did)."""
+
+    def error_pct(self, which: str) -> float | None:
+        """(``which``'s peak - measured peak) / measured peak x 100; ``which``: trace|estimate."""
+        other = self.traced if which == "trace" else self.estimated
+        if self.measured is None or other is None:
+            return None
+        m = measured_peak(self.measured)
+        return (other.worst.peak_allocated_bytes - m) / m * 100
+
+    @property
+    def ok(self) -> bool:
+        if self.error:
+            return False
+        return all(abs(self.error_pct(w) or 0.0) <= b for w, b in BOUNDS.items())
+
+    def to_dict(self) -> dict[str, Any]:
+        def peak(b: Breakdown | None) -> int | None:
+            return None if b is None else b.worst.peak_allocated_bytes
+
+        cats: dict[str, dict[str, int]] = {}
+        for label, b in (("measured", self.measured), ("traced", self.traced),
+                         ("estimated", self.estimated)):
+            if b is not None:
+                for c, v in b.worst.categories_at_peak().items():
+                    cats.setdefault(str(c), {})[label] = v
+        r = self.case.recipe
+        return {
+            "name": self.case.name,
+            "model": Path(self.case.model).stem,
+            "recipe": {"precision": r.precision, "optimizer": r.optimizer, "method": r.method,
+                       "checkpointing": r.checkpointing, "attention": r.attention,
+                       "micro_batch": r.micro_batch, "seq_len": r.seq_len, "device": r.device},
+            "measured_peak_allocated_bytes": (None if self.measured is None
+                                              else measured_peak(self.measured)),
+            "traced_peak_allocated_bytes": peak(self.traced),
+            "estimated_peak_allocated_bytes": peak(self.estimated),
+            "trace_error_pct": self.error_pct("trace"),
+            "estimate_error_pct": self.error_pct("estimate"),
+            "measured_peak_moment": (self.measured.worst.peak_moment.label
+                                     if self.measured else None),
+            "categories_at_peak": cats,
+            "seconds": round(self.seconds, 3),
+            "ok": self.ok,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ValidationReport:
+    """Every case of one ``validate`` run."""
+
+    device: str
+    """``cpu`` or ``cuda``."""
+    quick: bool
+    """Only the quick cases."""
+    results: tuple[CaseResult, ...]
+    """In table order."""
+    seconds: float
+    """Wall time of the run."""
+    versions: dict[str, str] = field(default_factory=dict)
+    """torch, transformers, peft, python (and the GPU and CUDA on ``cuda``)."""
+
+    def _abs(self, which: str) -> list[float]:
+        return [abs(e) for r in self.results if (e := r.error_pct(which)) is not None]
+
+    def max_abs_error_pct(self, which: str = "estimate") -> float | None:
+        vals = self._abs(which)
+        return max(vals) if vals else None
+
+    def median_abs_error_pct(self, which: str = "estimate") -> float | None:
+        vals = self._abs(which)
+        return statistics.median(vals) if vals else None
+
+    @property
+    def passed(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "quick": self.quick,
+            "bounds_pct": dict(BOUNDS),
+            "cases": [r.to_dict() for r in self.results],
+            "max_abs_error_pct": self.max_abs_error_pct("estimate"),
+            "median_abs_error_pct": self.median_abs_error_pct("estimate"),
+            "trace_max_abs_error_pct": self.max_abs_error_pct("trace"),
+            "trace_median_abs_error_pct": self.median_abs_error_pct("trace"),
+            "passed": self.passed,
+            "seconds": round(self.seconds, 2),
+            "versions": self.versions,
+        }
+
+
+def measured_peak(b: Breakdown) -> int:
+    """The measured peak allocated bytes: the CUDA allocator's ``max_memory_allocated`` when the
+    run recorded it (``device['allocator']``), else the live-tensor peak."""
+    alloc = b.device.get("allocator") or {}
+    return int(alloc.get("max_memory_allocated", b.worst.peak_allocated_bytes))
+
+
+def _tiny(name: str) -> str:
+    path = resources.files(__package__).joinpath("tiny", f"{name}.json")
+    return str(path)
+
+
+def cases(*, quick: bool = False, device: str = "cpu",
+          table: str | Path | None = None) -> list[Case]:
+    """The cases of ``table`` (default: the shipped ``cases.toml``)."""
+    text = (Path(table).read_text() if table is not None
+            else resources.files(__package__).joinpath("cases.toml").read_text())
+    out = []
+    for row in tomllib.loads(text)["case"]:
+        row = dict(row)
+        name, model, is_quick = row.pop("name"), row.pop("model"), row.pop("quick", False)
+        if quick and not is_quick:
+            continue
+        try:
+            recipe = Recipe.from_dict({**row, "device": device}, where=f"case {name!r}")
+        except ConfigError as e:
+            raise ConfigError([f"cases.toml: {p}" for p in e.problems]) from None
+        out.append(Case(name=name, model=_tiny(model), recipe=recipe, quick=is_quick))
+    return out
+
+
+def _versions(device: str) -> dict[str, str]:
+    import torch
+    import transformers
+
+    v = {"torch": torch.__version__, "transformers": transformers.__version__,
+         "python": platform.python_version(), "machine": platform.machine()}
+    try:
+        import peft
+
+        v["peft"] = peft.__version__
+    except ImportError:
+        pass
+    if device == "cuda" and torch.cuda.is_available():
+        v["cuda"] = str(torch.version.cuda)
+        v["gpu"] = torch.cuda.get_device_name(0)
+    return v
+
+
+def run_case(case: Case, device: Any) -> CaseResult:
+    """Measure, trace and estimate one case (a failure is recorded, not raised)."""
+    from ..estimate import estimate
+    from ..measure.real import measure_recipe
+    from ..model import load_model
+    from ..trace import trace
+
+    t0 = time.perf_counter()
+    try:
+        measured = measure_recipe(case.model, case.recipe, device)
+        traced = trace(case.model, case.recipe, device)
+        estimated = estimate(load_model(case.model), case.recipe, device)
+    except Exception as e:  # noqa: BLE001 - one broken case must not hide the others
+        return CaseResult(case=case, seconds=time.perf_counter() - t0,
+                          error=f"{type(e).__name__}: {e}")
+    return CaseResult(case=case, measured=measured, traced=traced, estimated=estimated,
+                      seconds=time.perf_counter() - t0)
+
+
+def validate(*, device: str = "cpu", quick: bool = False, table: str | Path | None = None,
+             on_case: Callable[[CaseResult], None] | None = None) -> ValidationReport:
+    """Run the matrix (``quick``: its quick subset) on ``device``; ``on_case`` is called after
+    each case (progress)."""
+    from ..hardware import cpu_device
+
+    if device not in ("cpu", "cuda"):
+        raise ConfigError([f"device={device!r} is not one of cpu, cuda."])
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(["device=cuda: no CUDA GPU is visible to torch "
+                               f"({torch.__version__}). Use --device cpu."])
+        props = torch.cuda.get_device_properties(0)
+        from ..hardware import Device
+
+        dev = Device(name=props.name, vendor="nvidia", arch="", memory_gb=props.total_memory / 1e9,
+                     source="torch.cuda.get_device_properties(0)")
+    else:
+        from ..units import GIB
+
+        dev = cpu_device(_host_bytes() or 16 * GIB)
+    t0 = time.perf_counter()
+    results = []
+    for case in cases(quick=quick, device=device, table=table):
+        r = run_case(case, dev)
+        results.append(r)
+        if on_case is not None:
+            on_case(r)
+    return ValidationReport(device=device, quick=quick, results=tuple(results),
+                            seconds=time.perf_counter() - t0, versions=_versions(device))
+
+
+def _host_bytes() -> int:
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+

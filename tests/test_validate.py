@@ -1,0 +1,72 @@
+"""`memplan validate --device cpu --quick`: the accuracy suite as CI runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from memplan.validate import BOUNDS, cases  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def quick():
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "memplan", "validate", "--device", "cpu",
+                        "--quick", "--format", "json"], capture_output=True, text=True)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r, json.loads(r.stdout), time.perf_counter() - t0
+
+
+def test_quick_runs_every_case_in_under_3_minutes(quick):
+    r, data, seconds = quick
+    assert seconds < 180
+    assert [c["name"] for c in data["cases"]] == [c.name for c in cases(quick=True)]
+    assert len(data["cases"]) >= 10
+    for c in data["cases"]:
+        assert c["error"] == "", c
+        for key in ("estimated_peak_allocated_bytes", "traced_peak_allocated_bytes",
+                    "measured_peak_allocated_bytes"):
+            assert isinstance(c[key], int) and c[key] > 0
+    assert {"max_abs_error_pct", "median_abs_error_pct"} <= set(data)
+    assert r.returncode == (0 if data["passed"] else 1)
+
+
+def test_trace_agrees_with_measure_within_1_percent(quick):
+    _, data, _ = quick
+    bad = {c["name"]: c["trace_error_pct"] for c in data["cases"]
+           if abs(c["trace_error_pct"]) > BOUNDS["trace"]}
+    assert not bad
+    assert data["trace_max_abs_error_pct"] <= 1.0
+
+
+def test_estimate_agrees_with_measure_within_5_percent(quick):
+    """The issue's bar for the estimator (issue #4): fails until activations are modelled."""
+    _, data, _ = quick
+    bad = {c["name"]: round(c["estimate_error_pct"], 1) for c in data["cases"]
+           if abs(c["estimate_error_pct"]) > BOUNDS["estimate"]}
+    assert not bad, f"estimate off by more than 5% of measured: {bad}"
+
+
+def test_table_output_and_exit_code(tmp_path):
+    table = tmp_path / "one.toml"
+    table.write_text('[[case]]\nname = "gpt2 fp32 sgd"\nmodel = "gpt2"\nquick = true\n'
+                     'precision = "32-true"\noptimizer = "sgd"\nmicro_batch = 1\nseq_len = 32\n')
+    r = subprocess.run([sys.executable, "-m", "memplan", "validate", "--quick", "--cases",
+                        str(table)], capture_output=True, text=True,
+                       env={**os.environ, "COLUMNS": "200"})
+    assert "gpt2 fp32 sgd" in r.stdout and "trace |error|: max 0.00%" in r.stdout
+    assert r.returncode in (0, 1) and ("PASSED" in r.stdout) == (r.returncode == 0)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[case]]\nname = "x"\nmodel = "gpt2"\nprecision = "bf17"\n')
+    r = subprocess.run([sys.executable, "-m", "memplan", "validate", "--cases", str(bad)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "bf17" in r.stderr and "Traceback" not in r.stderr
