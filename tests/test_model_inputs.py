@@ -90,3 +90,36 @@ def test_module_factory_on_meta_device(tmp_path, monkeypatch):
     with pytest.raises(ModelConfigError, match="did you mean|Did you mean"):
         load_model("mymodels:biuld")
     del torch
+
+
+def test_omitted_keys_get_transformers_class_defaults():
+    """A minimal Gemma 2 config.json (as the validate suite ships) omits the softcaps and the
+    layer types; transformers fills them in when it builds the model, so memplan must too.
+    The expected values are transformers 5.23's Gemma2Config / Qwen2Config defaults."""
+    from memplan.model.hf import with_class_defaults
+
+    gemma = with_class_defaults({"model_type": "gemma2", "num_hidden_layers": 3})
+    assert gemma["attn_logit_softcapping"] == 50.0
+    assert gemma["final_logit_softcapping"] == 30.0
+    assert gemma["layer_types"] == ["sliding_attention", "full_attention", "sliding_attention"]
+    # an explicit value, null included, is kept as the file says
+    off = with_class_defaults({"model_type": "gemma2", "num_hidden_layers": 2,
+                               "attn_logit_softcapping": None})
+    assert off["attn_logit_softcapping"] is None
+    qwen = with_class_defaults({"model_type": "qwen2", "num_hidden_layers": 4,
+                                "use_sliding_window": True, "sliding_window": 64,
+                                "max_window_layers": 2})
+    assert qwen["layer_types"] == ["full_attention"] * 2 + ["sliding_attention"] * 2
+    assert with_class_defaults({"model_type": "gpt2", "n_layer": 2})["attn_pdrop"] == 0.1
+
+
+def test_freeze_trains_only_the_last_layers():
+    """method=freeze (LLaMA-Factory's freeze tuning): the last freeze_trainable_layers blocks
+    train; embedding, final norm and head stay frozen (no freeze_extra_modules)."""
+    from memplan import Recipe
+    from memplan.estimate.layout import layout
+
+    spec = load_model("meta-llama/Llama-3.2-1B")
+    held = layout(spec, Recipe(method="freeze", freeze_trainable_layers=2))[0].held
+    trained = sum(h.numel for h in held if h.trainable)
+    assert trained == sum(t.numel for ly in spec.layers[-2:] for t in ly.tensors)

@@ -49,7 +49,7 @@ def test_trace_agrees_with_measure_within_1_percent(quick):
 
 
 def test_estimate_agrees_with_measure_within_5_percent(quick):
-    """The issue's bar for the estimator (issue #4): fails until activations are modelled."""
+    """The issue's bar for the estimator (issue #4): every quick case within 5% of measured."""
     _, data, _ = quick
     bad = {c["name"]: round(c["estimate_error_pct"], 1) for c in data["cases"]
            if abs(c["estimate_error_pct"]) > BOUNDS["estimate"]}

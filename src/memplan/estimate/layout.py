@@ -104,7 +104,7 @@ def layout(model: ModelSpec, recipe: Recipe) -> list[Stage]:
         if last:
             before = len(held)
             for t in model.head:
-                held += _hold(t, recipe, trainable=full or recipe.method == "freeze")
+                held += _hold(t, recipe, trainable=full)  # freeze: only the layers train
             if model.tied_embeddings and recipe.pp > 1:
                 # Megatron keeps a copy of the shared embedding on the last stage for the head.
                 copy = Tensor(name="lm_head.weight (tied copy)",

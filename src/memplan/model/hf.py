@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Callable
 from dataclasses import replace
+from functools import cache
+from importlib import resources
 from typing import Any
 
 from ..errors import UnsupportedModel, did_you_mean
@@ -61,6 +64,42 @@ BUILDERS: dict[str, Builder] = {
 """``model_type`` -> builder. Adding an architecture means adding one builder here."""
 
 
+@cache
+def _class_defaults() -> dict[str, dict[str, Any]]:
+    return tomllib.loads(resources.files(__package__).joinpath("hf_defaults.toml").read_text())
+
+
+def layer_types(c: dict[str, Any]) -> list[str]:
+    """Attention type of each layer (``full_attention`` / ``sliding_attention``) as transformers
+    computes it when config.json has no ``layer_types`` (``__post_init__`` of each config class):
+    Gemma 2 alternates sliding and full; Gemma 3 makes every ``sliding_window_pattern``-th
+    layer full; Qwen2/Qwen3 slide from layer ``max_window_layers`` on when
+    ``use_sliding_window``; all other families are full."""
+    if c.get("layer_types"):
+        return list(c["layer_types"])
+    n, mt = int(c.get("num_hidden_layers") or 0), c.get("model_type")
+    if mt == "gemma2":
+        return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+    if mt == "gemma3_text":
+        k = int(c.get("sliding_window_pattern") or 6)
+        return ["sliding_attention" if (i + 1) % k else "full_attention" for i in range(n)]
+    if mt in ("qwen2", "qwen3", "qwen3_moe") and c.get("use_sliding_window") and c.get("sliding_window"):
+        first = int(c.get("max_window_layers") or 28)
+        return ["sliding_attention" if i >= first else "full_attention" for i in range(n)]
+    return ["full_attention"] * n
+
+
+def with_class_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` completed as transformers completes it: the config class's defaults for keys
+    the file omits (``hf_defaults.toml``) and the computed ``layer_types``. Keys present in
+    ``data`` are never changed."""
+    mt = str(data.get("model_type"))
+    out = {**_class_defaults().get(mt, {}), **data}
+    if "num_hidden_layers" in out:
+        out["layer_types"] = layer_types(out)
+    return out
+
+
 def from_hf_config(data: dict[str, Any], model_id: str, *, where: str = "config.json",
                    source: str = "") -> ModelSpec:
     """Describe a model from its HF ``config.json`` contents.
@@ -79,4 +118,4 @@ def from_hf_config(data: dict[str, Any], model_id: str, *, where: str = "config.
         )
     spec = BUILDERS[mt](Config(data, where), model_id)
     config = spec.config if spec.config is not None else dict(data)
-    return replace(spec, source=source or where, config=config)
+    return replace(spec, source=source or where, config=with_class_defaults(config))

@@ -13,7 +13,10 @@ optimizer             ``torch.optim.AdamW`` / ``Adam`` / ``SGD`` (``sgd-momentum
                       ``Adafactor``, over the trainable parameters, default (non-fused) kernels
 method                ``lora``: PEFT ``get_peft_model`` with ``LoraConfig(r, lora_alpha,
                       target_modules, lora_dropout=0)``, adapters in ``adapter_dtype``;
-                      ``freeze``: only the last ``freeze_trainable_layers`` blocks train
+                      ``freeze``: only the last ``freeze_trainable_layers`` blocks train.
+                      Under ``-mixed`` the frozen weights are 16-bit and the trained ones fp32,
+                      as after loading with ``torch_dtype=bfloat16`` (PEFT upcasts adapters,
+                      LLaMA-Factory upcasts trainable parameters)
 checkpointing         ``full``: ``gradient_checkpointing_enable(use_reentrant=False)``
 attention             transformers ``attn_implementation`` (``eager``, ``sdpa``; ``flash`` on
                       CUDA is SDPA, whose flash kernel keeps no S x S scores either)
@@ -311,6 +314,11 @@ def build_model(model_ref: str, recipe: Recipe, *, device: str, seed: int = 0) -
             model = _apply_lora(model, recipe, torch)
         elif recipe.method == "freeze":
             _freeze(model, recipe.freeze_trainable_layers)
+        _, autocast = _torch_dtype(torch, recipe.precision)
+        if autocast is not None and recipe.method != "full":
+            for p in model.parameters():
+                if not p.requires_grad:
+                    p.data = p.data.to(autocast)
     return Built(model=model, model_ref=model_ref, source=source, notes=notes)
 
 

@@ -26,9 +26,16 @@ def _context(recipe: Recipe, dt: Dtypes) -> Ctx:
     full = recipe.method == "full"
     act = dtype_bytes(dt.param if full else dt.frozen)
     half = dtype_bytes(dt.compute)
+    lora = recipe.method in ("lora", "qlora")
+    # torch.autocast: mixed precision with fp32 parameters (ZeRO >= 1 / fp8 keep a 16-bit model)
+    amp = recipe.precision.endswith("-mixed") and dtype_bytes(dt.param) == 4 and half < 4
     return Ctx(batch=recipe.micro_batch, seq=-(-recipe.seq_len // recipe.cp), act=int(act),
-               half=int(half), amp=act == 4 and half < 4, trained=full,
-               lora=recipe.method in ("lora", "qlora"), cpu=recipe.device == "cpu")
+               half=int(half), amp=amp,
+               trained=full, cpu=recipe.device == "cpu",
+               lora_rank=recipe.lora_rank if lora else 0,
+               lora_targets=frozenset(recipe.lora_targets) if lora else frozenset(),
+               adapter=int(dtype_bytes(recipe.adapter_dtype)),
+               train_act=int(dtype_bytes(dt.param)))
 
 
 def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> tuple[list[Point], int]:
@@ -37,5 +44,7 @@ def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> t
     ctx = _context(recipe, dt)
     g = stage_graph(spec, stage.layers, ctx, first=stage.index == 0,
                     last=stage.index == recipe.pp - 1, tp=recipe.tp, attention=recipe.attention,
-                    checkpointing=recipe.checkpointing)
+                    checkpointing=recipe.checkpointing,
+                    train_from=(spec.num_layers - recipe.freeze_trainable_layers
+                                if recipe.method == "freeze" else None))
     return simulate(g), g.param_grad_bytes

@@ -32,9 +32,16 @@ class Ctx:
     """torch.autocast: fp32 parameters, 16-bit matmuls."""
     trained: bool = True
     """The base model trains (full fine-tuning): norms, linears and embeddings get gradients."""
-    lora: bool = False
-    """LoRA on every linear: ``lora_A`` saves the linear's input even though the base weight is
-    frozen (adapter tensors themselves are r-sized and ignored)."""
+    lora_rank: int = 0
+    """LoRA rank (0: no adapters)."""
+    lora_targets: frozenset[str] = frozenset()
+    """Roles of the linears that get adapters (``q``, ``k``, ``v``, ``o``, ``gate``, ``up``,
+    ``down``)."""
+    adapter: int = 4
+    """Bytes per element of the adapter weights (PEFT keeps them in fp32 by default)."""
+    train_act: int = 4
+    """Bytes per element of trained parameters where they differ from frozen ones (``method =
+    freeze`` under autocast: trained layers fp32, frozen ones 16-bit)."""
     cpu: bool = False
     """Kernels as on CPU (dropout saves its noise in the input dtype)."""
 
@@ -101,20 +108,25 @@ class Blocks:
         return y
 
     # -- parameters ----------------------------------------------------------------------------
-    def _weight(self, numel: int, trained: bool) -> tuple[Tensor | None, tuple[tuple[int, int], ...]]:
-        """The weight as the matmul sees it and the gradient it produces. Under autocast a
-        16-bit copy (cached for the forward when trained)."""
+    def _weight(self, numel: int, trained: bool, itemsize: int | None = None
+                ) -> tuple[Tensor | None, tuple[tuple[int, int], ...]]:
+        """The weight (``itemsize`` bytes per element, default the model's) as the matmul sees
+        it, and the gradient it produces. Under autocast a weight stored in another dtype is
+        copied to 16 bits (the copy is cached for the forward when the weight trains)."""
         c = self.c
-        if c.amp:
+        size = c.act if itemsize is None else itemsize
+        if c.amp and size != c.half:
             w = self.new(numel, c.half, grad=trained, keep=trained)
             self.g.op([], (w,))
-            return w, ((numel * c.half, numel * c.act),) if trained else ()
-        return None, ((numel * c.act, 0),) if trained else ()
+            return w, ((numel * c.half, numel * size),) if trained else ()
+        return None, ((numel * size, 0),) if trained else ()
 
     def linear(self, x: Tensor, n_in: int, n_out: int, *, bias: bool = False,
-               trained: bool | None = None, tokens: int | None = None) -> Tensor:
+               trained: bool | None = None, tokens: int | None = None,
+               role: tuple[str, ...] = ()) -> Tensor:
         """``F.linear``: ``mm`` saves its input when the weight is trained, the (cast) weight when
-        the input needs a gradient; the bias gradient is a sum (n_out elements)."""
+        the input needs a gradient; the bias gradient is a sum (n_out elements). A frozen linear
+        whose ``role`` is a LoRA target gets PEFT's adapter path (``_lora``)."""
         c = self.c
         trained = c.trained if trained is None else trained
         t = tokens or c.tokens
@@ -122,10 +134,32 @@ class Blocks:
         w, pg = self._weight(n_in * n_out, trained)
         if bias and trained:
             pg = pg + ((n_out * c.act, 0),)
-        y = self.new(t * n_out, c.half if c.amp else c.act, grad=trained or x.grad)
-        saves = ([xin] if trained or c.lora else []) + ([w] if (w is not None and xin.grad) else [])
+        adapted = not trained and c.lora_rank > 0 and bool(c.lora_targets.intersection(role))
+        y = self.new(t * n_out, c.half if c.amp else c.act, grad=trained or x.grad or adapted)
+        saves = ([xin] if trained else []) + ([w] if (w is not None and xin.grad) else [])
         self.g.op([xin] + ([w] if w is not None else []), (y,), saves, grads=(xin,), params=pg)
-        return y
+        return self._lora(x, y, n_in, n_out, t) if adapted else y
+
+    def _lora(self, x: Tensor, y: Tensor, n_in: int, n_out: int, t: int) -> Tensor:
+        """PEFT ``lora.Linear.forward`` (lora_dropout 0: ``nn.Identity``): ``x`` cast to the
+        adapter dtype (a copy when it differs), ``lora_A`` (saves that input, r outputs per
+        token), ``lora_B`` (saves the r-wide intermediate), ``* scaling``, ``result +``, cast
+        back to the base output's dtype. Under autocast both adapter matmuls run in 16 bits on
+        cast copies."""
+        c, r = self.c, self.c.lora_rank
+        xa = self.cast(x, c.adapter)
+        if c.amp:
+            xa = self.cast(xa, c.half)
+        size = c.half if c.amp else c.adapter
+        wa, pga = self._weight(r * n_in, True, c.adapter)
+        mid = self.new(t * r, size, True)
+        self.g.op([xa] + ([wa] if wa is not None else []), (mid,),
+                  [xa] + ([wa] if wa is not None and xa.grad else []), grads=(xa,), params=pga)
+        wb, pgb = self._weight(n_out * r, True, c.adapter)
+        out = self.new(t * n_out, size, True)
+        self.g.op([mid] + ([wb] if wb is not None else []), (out,),
+                  [mid] + ([wb] if wb is not None else []), grads=(mid,), params=pgb)
+        return self.cast(self.add(y, self.scale(out)), y.itemsize)
 
     # -- norms ---------------------------------------------------------------------------------
     def rmsnorm(self, x: Tensor, h: int, *, gemma: bool = False) -> Tensor:
@@ -201,7 +235,7 @@ class Blocks:
         if c.amp:
             q, k, v = (self.cast(t, c.half) for t in (q, k, v))
         n_out = q.nbytes // q.itemsize
-        out = self.new(n_out, q.itemsize, True)
+        out = self.new(n_out, q.itemsize, q.grad or k.grad or v.grad)
         lse = self.new(c.tokens * heads, 4, grad=False)
         self.g.op([q, k, v], (out, lse), [q, k, v, out, lse])
         return out
@@ -220,7 +254,7 @@ class Blocks:
             k = self.copy(k, heads / kv_heads)
             v = self.copy(v, heads / kv_heads)
         size = q.itemsize
-        scores = self.new(B * heads * S * S, size)
+        scores = self.new(B * heads * S * S, size, q.grad or k.grad)
         self.g.op([q, k], (scores,), [q, k])
         s = self.scale(scores)
         if softcap:  # Gemma 2: tanh(s / cap) * cap; tanh saves its output
@@ -231,11 +265,11 @@ class Blocks:
             s = self.add(s, mask)
         if upcast_input:  # softmax(dtype=float32): an fp32 copy of the scores first
             s = self.cast(s, 4)
-        p = self.new(B * heads * S * S, 4)
+        p = self.new(B * heads * S * S, 4, s.grad)
         self.g.op([s], (p,), [p])
         p = self.cast(p, size)
         p = self.dropout(p, dropout)
-        out = self.new(q.nbytes // q.itemsize, size)
+        out = self.new(q.nbytes // q.itemsize, size, p.grad or v.grad)
         self.g.op([p, v], (out,), [p, v])
         return self.copy(out, 1.0)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from ...model.spec import Layer, ModelSpec
@@ -13,7 +14,25 @@ __all__ = ["stage_graph"]
 
 
 def _cfg(spec: ModelSpec) -> Mapping[str, Any]:
+    """The model's config.json with transformers' class defaults filled in
+    (``model.hf.with_class_defaults``)."""
     return spec.config or {}
+
+
+def _num(cfg: Mapping[str, Any], key: str) -> float:
+    """A float setting (dropout probability, softcap); absent or null is 0."""
+    return float(cfg.get(key) or 0.0)
+
+
+def _rotary_fraction(cfg: Mapping[str, Any]) -> float:
+    """GPT-NeoX's share of head_dim that gets rotary: ``rope_parameters.partial_rotary_factor``
+    (transformers 5), else ``partial_rotary_factor``, else ``rotary_pct``."""
+    rope = cfg.get("rope_parameters") or {}
+    for v in (rope.get("partial_rotary_factor"), cfg.get("partial_rotary_factor"),
+              cfg.get("rotary_pct")):
+        if v is not None:
+            return float(v)
+    return 0.25
 
 
 def _llama_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: int,
@@ -32,9 +51,9 @@ def _llama_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: int
     qk_norm = any("q_norm" in n for n in names)
 
     y = x if post_only else b.rmsnorm(x, h, gemma=gemma)
-    q = b.linear(y, h, heads * d, bias=any("q_proj.bias" in n for n in names))
-    k = b.linear(y, h, kv * d, bias=any("k_proj.bias" in n for n in names))
-    v = b.linear(y, h, kv * d, bias=any("v_proj.bias" in n for n in names))
+    q = b.linear(y, h, heads * d, bias=any("q_proj.bias" in n for n in names), role=("q",))
+    k = b.linear(y, h, kv * d, bias=any("k_proj.bias" in n for n in names), role=("k",))
+    v = b.linear(y, h, kv * d, bias=any("v_proj.bias" in n for n in names), role=("v",))
     if qk_norm:
         q = b.rmsnorm(q, heads * d if mt == "olmo2" else d, gemma=gemma)
         k = b.rmsnorm(k, kv * d if mt == "olmo2" else d, gemma=gemma)
@@ -42,11 +61,11 @@ def _llama_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: int
     softcap = bool(cfg.get("attn_logit_softcapping")) and mt == "gemma2"
     with b.g.checkpoint(selective):
         if attention == "eager" or softcap:
-            o = b.eager(q, k, v, heads, kv, dropout=float(cfg.get("attention_dropout") or 0.0),
+            o = b.eager(q, k, v, heads, kv, dropout=_num(cfg, "attention_dropout"),
                         softcap=softcap, mask=mask)
         else:
             o = b.sdpa(q, k, v, heads)
-    o = b.linear(o, heads * d, h)
+    o = b.linear(o, heads * d, h, role=("o",))
     if sandwich or post_only:
         o = b.rmsnorm(o, h, gemma=gemma)
     r = b.add(x, o)
@@ -55,10 +74,10 @@ def _llama_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: int
     if ffn.num_experts:
         m = _moe(b, y, h, ffn, tp)
     else:
-        gt = b.linear(y, h, f)
-        up = b.linear(y, h, f)
+        gt = b.linear(y, h, f, role=("gate",))
+        up = b.linear(y, h, f, role=("up",))
         act = b.unary(gt)  # silu / gelu_tanh save their input
-        m = b.linear(b.mul(act, up), f, h)
+        m = b.linear(b.mul(act, up), f, h, role=("down",))
     if sandwich or post_only:
         m = b.rmsnorm(m, h, gemma=gemma)
     return b.add(r, m)
@@ -72,25 +91,25 @@ def _moe(b: Blocks, y: Tensor, h: int, ffn: Any, tp: int) -> Tensor:
     t, k, e = c.tokens, max(1, ffn.top_k), ffn.num_experts
     f = ffn.intermediate_size // tp
     logits = b.linear(y, h, e)
-    probs = b.new(t * e, 4, True)
+    probs = b.new(t * e, 4, logits.grad)
     b.g.op([logits], (probs,), [probs])
-    topw = b.new(t * k, 4, True)
+    topw = b.new(t * k, 4, probs.grad)
     b.g.op([probs], (topw,), [topw])
     routed = t * k
     xs = b.new(routed * h, y.itemsize, y.grad)
     b.g.op([y], (xs,))
-    gt = b.linear(xs, h, f, tokens=routed)
-    up = b.linear(xs, h, f, tokens=routed)
+    gt = b.linear(xs, h, f, tokens=routed, role=("gate",))
+    up = b.linear(xs, h, f, tokens=routed, role=("up",))
     act = b.unary(gt)
-    out = b.linear(b.mul(act, up), f, h, tokens=routed)
+    out = b.linear(b.mul(act, up), f, h, tokens=routed, role=("down",))
     weighted = b.mul(out, topw)
-    res = b.new(t * h, weighted.itemsize, True)
+    res = b.new(t * h, weighted.itemsize, weighted.grad)
     b.g.op([weighted], (res,))
     if ffn.shared_experts:
         fs = ffn.shared_intermediate_size // tp
-        gt = b.linear(y, h, fs)
-        up = b.linear(y, h, fs)
-        res = b.add(res, b.linear(b.mul(b.unary(gt), up), fs, h))
+        gt = b.linear(y, h, fs, role=("gate",))
+        up = b.linear(y, h, fs, role=("up",))
+        res = b.add(res, b.linear(b.mul(b.unary(gt), up), fs, h, role=("down",)))
     return res
 
 
@@ -102,14 +121,14 @@ def _qkv_attention(b: Blocks, y: Tensor, h: int, heads: int, d: int, *, attentio
     output copy for the output projection."""
     c = b.c
     if neox:  # one fused linear; v stays a view of it, so sdpa's saved v keeps all 3h alive
-        qkv = b.linear(y, h, 3 * heads * d, bias=True)
+        qkv = b.linear(y, h, 3 * heads * d, bias=True, role=("q", "k", "v"))
         # partial rotary: rope on a copy of the first `rotary` dims, cat with the rest
         q, k = (b.copy(b.rope(b.copy(qkv, rotary / d / 3)), d / rotary) for _ in range(2))
         v = qkv
     else:
-        q = b.linear(y, h, heads * d, bias=True)
-        k = b.linear(y, h, heads * d, bias=True)
-        v = b.linear(y, h, heads * d, bias=True)
+        q = b.linear(y, h, heads * d, bias=True, role=("q",))
+        k = b.linear(y, h, heads * d, bias=True, role=("k",))
+        v = b.linear(y, h, heads * d, bias=True, role=("v",))
     with b.g.checkpoint(selective):
         if attention == "sdpa" and not (dropout > 0 and c.cpu):
             o = b.sdpa(q, k, v, heads)
@@ -127,7 +146,7 @@ def _qkv_attention(b: Blocks, y: Tensor, h: int, heads: int, d: int, *, attentio
                         upcast_input=False)
             if math and c.amp:
                 o = b.cast(o, c.half)
-    return b.linear(o, heads * d, h, bias=True)
+    return b.linear(o, heads * d, h, bias=True, role=("o",))
 
 
 def _gelu_new(b: Blocks, x: Tensor) -> Tensor:
@@ -150,26 +169,25 @@ def _classic_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: i
     assert a is not None and ffn is not None
     heads, d, f = max(1, a.num_heads // tp), a.head_dim, ffn.intermediate_size // tp
     if mt == "gpt2":
-        p_attn, p_res = float(cfg.get("attn_pdrop", 0.1)), float(cfg.get("resid_pdrop", 0.1))
+        p_attn, p_res = _num(cfg, "attn_pdrop"), _num(cfg, "resid_pdrop")
     elif mt == "bert":
-        p_attn = float(cfg.get("attention_probs_dropout_prob", 0.1))
-        p_res = float(cfg.get("hidden_dropout_prob", 0.1))
+        p_attn, p_res = _num(cfg, "attention_probs_dropout_prob"), _num(cfg, "hidden_dropout_prob")
     else:
-        p_attn, p_res = float(cfg.get("attention_dropout", 0.0)), float(cfg.get("hidden_dropout", 0.0))
-    rotary = int(d * float(cfg.get("rotary_pct", 0.25))) if mt == "gpt_neox" else 0
+        p_attn, p_res = _num(cfg, "attention_dropout"), _num(cfg, "hidden_dropout")
+    rotary = int(d * _rotary_fraction(cfg)) if mt == "gpt_neox" else 0
     kw = dict(attention=attention, dropout=p_attn, mask=mask, rotary=rotary,
               neox=mt == "gpt_neox", selective=selective)
 
     def mlp(y: Tensor) -> Tensor:
-        u = b.linear(y, h, f, bias=True)
+        u = b.linear(y, h, f, bias=True, role=("up",))
         act = _gelu_new(b, u) if mt == "gpt2" else b.unary(u)
-        return b.dropout(b.linear(act, f, h, bias=True), p_res)
+        return b.dropout(b.linear(act, f, h, bias=True, role=("down",)), p_res)
 
     if mt == "bert":  # post-LN
         att = b.dropout(_qkv_attention(b, x, h, heads, d, **kw), p_res)
         r = b.layernorm(b.add(att, x), h)
         return b.layernorm(b.add(mlp(r), r), h)
-    if mt == "gpt_neox" and cfg.get("use_parallel_residual", True):
+    if mt == "gpt_neox" and cfg.get("use_parallel_residual"):
         att = b.dropout(_qkv_attention(b, b.layernorm(x, h), h, heads, d, **kw), p_res)
         m = mlp(b.layernorm(x, h))
         return b.add(b.add(m, att), x)
@@ -182,9 +200,10 @@ _CLASSIC = ("gpt2", "gpt_neox", "bert")
 
 
 def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: bool,
-                tp: int, attention: str, checkpointing: str) -> Graph:
+                tp: int, attention: str, checkpointing: str, train_from: int | None = None) -> Graph:
     """The forward of one pipeline stage (layers ``layers``; embedding if ``first``; final norm,
-    head and loss if ``last``) for one micro-batch on one rank."""
+    head and loss if ``last``) for one micro-batch on one rank. ``train_from``: layers from
+    this index on train even when ``ctx.trained`` is false (``method = freeze``)."""
     g = Graph()
     b = Blocks(g, ctx)
     h, V = spec.hidden_size, spec.vocab_size
@@ -195,10 +214,10 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
         if mt.startswith("gemma"):
             x = b.scale(x)
         if mt in ("gpt2", "bert"):  # + learned positions (+ token types), dropout
-            x = b.add(x, b.new(ctx.seq * h, ctx.act, grad=True))
+            x = b.add(x, b.new(ctx.seq * h, ctx.act, grad=ctx.trained))
             if mt == "bert":
-                x = b.layernorm(b.add(x, b.new(ctx.tokens * h, ctx.act)), h)
-            p = float(cfg.get("embd_pdrop" if mt == "gpt2" else "hidden_dropout_prob", 0.1))
+                x = b.layernorm(b.add(x, b.new(ctx.tokens * h, ctx.act, grad=ctx.trained)), h)
+            p = _num(cfg, "embd_pdrop" if mt == "gpt2" else "hidden_dropout_prob")
             x = b.dropout(x, p)
     else:  # activations received from the previous stage
         x = b.new(ctx.tokens * h, ctx.half if not ctx.amp else ctx.act, True)
@@ -209,7 +228,7 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
         # every layer's rope muls until the backward ends
         d = spec.layers[0].attention.head_dim if spec.layers[0].attention else 0
         if mt == "gpt_neox":
-            d = int(d * float(cfg.get("rotary_pct", 0.25)))
+            d = int(d * _rotary_fraction(cfg))
         cos = b.new(ctx.seq * d, ctx.act if ctx.amp or ctx.act == 4 else ctx.half, grad=False)
         sin = b.new(ctx.seq * d, cos.itemsize, grad=False)
         g.op([], (cos, sin), [cos, sin])
@@ -225,9 +244,12 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
     for i in layers:
         g.region = f"layer {i}"
         mask = masks.get(kinds[i] if i < len(kinds) else "full_attention")
+        if not ctx.trained and train_from is not None and i >= train_from:
+            b.c = replace(ctx, trained=True, act=ctx.train_act)
         with g.checkpoint(checkpointing == "full"):
             x = layer_fn(b, x, spec.layers[i], spec, tp=tp, attention=attention, mask=mask,
                          selective=checkpointing == "selective")
+        b.c = ctx
     if last:
         g.region = "head"
         if mt == "bert":  # MLM head: dense, gelu, LayerNorm, decoder

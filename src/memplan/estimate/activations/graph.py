@@ -107,8 +107,10 @@ class Graph:
            params: tuple[tuple[int, int], ...] = ()) -> None:
         ins = tuple(t for t in inputs if t is not None)
         g = tuple(t for t in (ins if grads is None else grads) if t is not None and t.grad)
-        self.ops.append(Op(self.region, ins, tuple(outputs), tuple(t for t in saves if t is not None),
-                           g, params, self.group))
+        kept = tuple(t for t in saves if t is not None)
+        if ins and not params and not any(t.grad for t in ins):
+            kept = ()  # no input needs a gradient: autograd records no node, saves nothing
+        self.ops.append(Op(self.region, ins, tuple(outputs), kept, g, params, self.group))
         self.param_grad_bytes += sum(b32 or b for b, b32 in params)
 
 
