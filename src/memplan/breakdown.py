@@ -20,7 +20,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the host/time result types live above this layer (issue #5)
+    from .host.result import HostEstimate, NvmeEstimate
+    from .timing.result import TimeEstimate
 
 __all__ = ["Category", "Phase", "Step", "Pool", "Item", "Moment", "RankBreakdown", "Breakdown"]
 
@@ -293,6 +297,12 @@ class Breakdown:
     max_micro_batch: int | None = None
     """Largest micro-batch that fits every rank with everything else unchanged (estimator
     only; 0 when not even 1 fits, None when not computed)."""
+    host: HostEstimate | None = None
+    """Host RAM of the busiest node by category and moment (issue #5); None when not planned."""
+    nvme: NvmeEstimate | None = None
+    """Local NVMe of the busiest node: swap files and kept checkpoints (issue #5)."""
+    time: TimeEstimate | None = None
+    """Predicted step time, MFU, GPU idle time and bottleneck (issue #5)."""
 
     @property
     def worst(self) -> RankBreakdown:
@@ -334,6 +344,8 @@ class Breakdown:
                 "fits": self.fits,
                 "max_micro_batch": self.max_micro_batch,
             },
+            **{key: part.to_dict() for key, part in
+               (("host", self.host), ("nvme", self.nvme), ("time", self.time)) if part is not None},
         }
 
     @classmethod
@@ -345,5 +357,11 @@ class Breakdown:
                         "steady_peak_allocated_bytes", "peak_reserved_bytes",
                         "device_total_bytes", "headroom_bytes", "fits"):
             gpu.pop(derived, None)
+        from .host.result import HostEstimate, NvmeEstimate
+        from .timing.result import TimeEstimate
+
         return cls(source=d["source"], model=d["model"], recipe=d["recipe"], device=gpu,
-                   ranks=ranks, max_micro_batch=mmb)
+                   ranks=ranks, max_micro_batch=mmb,
+                   host=HostEstimate.from_dict(d["host"]) if d.get("host") else None,
+                   nvme=NvmeEstimate.from_dict(d["nvme"]) if d.get("nvme") else None,
+                   time=TimeEstimate.from_dict(d["time"]) if d.get("time") else None)

@@ -134,20 +134,38 @@ def recipe_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @recipe_options
 def estimate(
     model: Annotated[str, typer.Argument(help=_MODEL_HELP)],
-    gpu: Annotated[str, Opt(help="GPU name from `memplan gpus`, e.g. H100-80GB.")] = "H100-80GB",
+    gpu: Annotated[str | None, Opt(help="GPU name from `memplan gpus`, e.g. H100-80GB. "
+                                        "[default: the --node's GPU, else H100-80GB]")] = None,
     recipe: Annotated[Path | None, Opt(help="Recipe TOML with the same names (underscores); "
                                             "flags given here override it.")] = None,
+    node: Annotated[str | None, Opt(help="Node preset (nodes.toml), e.g. DGX-H100, p5.48xlarge: "
+                                         "host RAM, NVMe, PCIe, NVLink, network, CPU cores.")] = None,
+    host_ram: Annotated[str | None, Opt(help="Host RAM per node, e.g. 2TiB or 1900GiB "
+                                             "(overrides --node).")] = None,
+    nvme: Annotated[str | None, Opt(help="Local NVMe per node, e.g. 30.72TB (overrides "
+                                         "--node).")] = None,
+    pcie: Annotated[int | None, Opt(help="PCIe generation of the GPU links: 3, 4 or 5 "
+                                         "(overrides --node).")] = None,
+    load: Annotated[str | None, Opt(help="How ranks load the checkpoint: full | rank0 | sharded "
+                                         "| meta. [default: full]")] = None,
+    workers: Annotated[int | None, Opt(help="DataLoader workers per rank. [default: 2]")] = None,
+    prefetch: Annotated[int | None, Opt(help="DataLoader prefetch_factor. [default: 2]")] = None,
     format: Annotated[str, Opt("--format", help="table | json.")] = "table",
     flags: dict[str, Any] | None = None,
 ) -> None:
-    """Estimate per-GPU memory of one training configuration."""
+    """Estimate per-GPU memory, host RAM, NVMe and step time of one training configuration.
+    More host knobs (dataset, checkpoint format, pinning) go in the recipe's [host] table."""
     _check_format(format)
+    host_flags = {k: v for k, v in dict(load=load, workers=workers, prefetch=prefetch).items()
+                  if v is not None}
 
     def run() -> Any:
         from . import api
 
         return api.estimate_from_names(model, gpu, recipe_file=recipe, overrides=flags,
-                                       host_memory_bytes=_host_memory_bytes())
+                                       host_memory_bytes=_host_memory_bytes(), node=node,
+                                       host_ram=host_ram, nvme=nvme, pcie=pcie,
+                                       host_overrides=host_flags)
 
     _show(_guard(run), format)
 

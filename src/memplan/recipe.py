@@ -208,6 +208,7 @@ class Recipe:
         except tomllib.TOMLDecodeError as e:
             raise ModelConfigError(f"{path}: malformed TOML: {e}. Expected `key = value` lines "
                                    "with the recipe's field names.") from None
+        data.pop("host", None)  # the [host] table is memplan.host.HostSetup's (issue #5)
         return cls.from_dict(data, where=str(path))
 
     def to_dict(self) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from ..breakdown import Breakdown, Category, Pool, RankBreakdown, Step
 from ..units import fmt_bytes, fmt_count
+from .host import host_sections
 
 _WHERE = {Pool.ALLOCATED: "GPU", Pool.RESERVED: "GPU (slack)", Pool.DEVICE: "GPU (outside torch)",
           Pool.HOST: "host RAM", Pool.NVME: "NVMe"}
@@ -107,6 +108,7 @@ def render_breakdown(b: Breakdown) -> RenderableType:
     if any(rank.unmodelled for rank in b.ranks):
         lines.append(Text("Categories marked 'not modelled yet' are missing from the totals: "
                           "the totals are a lower bound.", style="yellow"))
+    lines += host_sections(b)
     return Group(*lines)
 
 

@@ -1,0 +1,10 @@
+"""The host side of a training job: host RAM per node by category and moment, pinned-memory
+rounding, local NVMe (swap and checkpoints). See ``plan.estimate_host``."""
+
+from .hardware import NodeHardware, node_hardware, parse_size
+from .plan import RULE_OF_THUMB, estimate_host
+from .result import HostEstimate, HostLine, NvmeEstimate
+from .setup import HostSetup
+
+__all__ = ["HostEstimate", "HostLine", "HostSetup", "NodeHardware", "NvmeEstimate",
+           "RULE_OF_THUMB", "estimate_host", "node_hardware", "parse_size"]

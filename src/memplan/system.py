@@ -1,0 +1,28 @@
+"""The host side and the clock of a job (issue #5): attach host RAM, NVMe and step time to a
+GPU ``Breakdown``. Pure: the GPU estimate comes in, a richer ``Breakdown`` goes out."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .breakdown import Breakdown
+from .hardware import Device
+from .host import HostSetup, NodeHardware, estimate_host
+from .model.spec import ModelSpec
+from .recipe import Recipe
+from .timing import estimate_time
+
+__all__ = ["with_host_and_time"]
+
+
+def with_host_and_time(b: Breakdown, model: ModelSpec, recipe: Recipe, device: Device,
+                       hw: NodeHardware, setup: HostSetup | None = None) -> Breakdown:
+    """``b`` with ``host``, ``nvme`` and ``time`` filled in (``time`` stays None when the GPU
+    has no dense peak for the compute dtype; nothing is added for ``device = cpu``)."""
+    if recipe.device == "cpu":
+        return b
+    setup = setup or HostSetup()
+    host, nvme = estimate_host(b, model, recipe, hw, setup)
+    trainable = int(b.model.get("trainable_params", model.num_params))
+    time = estimate_time(model, recipe, device, hw, setup, trainable)
+    return replace(b, host=host, nvme=nvme, time=time)

@@ -1,0 +1,60 @@
+"""Communication and transfer volumes per rank per step, and the links they cross.
+
+Collective costs follow the ring algorithm's bus traffic (NCCL tests' busBW convention):
+all-reduce moves ``2 (n-1)/n x bytes`` per rank, all-gather / reduce-scatter / all-to-all
+``(n-1)/n x bytes``. Rank order is Megatron-Core's ``tp-cp-ep-dp-pp`` (tp innermost), so a
+group stays inside a node when the product of its size and the degrees inside it fits the
+node's GPUs; otherwise it is limited by the node's network per GPU (rail-optimised rings send
+each GPU's share through its own NIC).
+
+Volumes (16-bit activations/parameters, Megatron §3 of Narayanan et al. 2021 / ZeRO §7):
+
+- DP (ZeRO 0/1): gradients all-reduced once per step (no_sync while accumulating);
+- ZeRO-2: gradients reduce-scattered every micro-batch, parameters all-gathered once per step;
+- ZeRO-3 / FSDP: parameters all-gathered in forward and again in backward, gradients
+  reduce-scattered, every micro-batch (1.5x DP's volume, ZeRO paper §7.2.2);
+- TP: 4 all-reduces of ``b s h`` per layer per micro-batch (2 forward, 2 backward; +2 with full
+  recomputation); with sequence parallelism the same volume as reduce-scatter + all-gather;
+- CP: ring attention passes the local K and V ``cp - 1`` times forward, twice that backward;
+- EP: dispatch + combine all-to-all of ``b s top_k h`` per MoE layer, forward and backward;
+- PP: one ``b s h`` activation send per micro-batch per direction.
+"""
+
+from __future__ import annotations
+
+__all__ = ["allreduce_s", "gather_s", "group_link", "Link"]
+
+
+class Link:
+    """A link's name (``nvlink`` / ``network`` / ``pcie``) and usable GB/s per GPU per direction
+    (None = unknown)."""
+
+    __slots__ = ("name", "gb_per_s")
+
+    def __init__(self, name: str, gb_per_s: float | None):
+        self.name = name
+        self.gb_per_s = gb_per_s
+
+
+def allreduce_s(nbytes: float, n: int, link: Link) -> float | None:
+    """Ring all-reduce time: 2 (n-1)/n x bytes / bandwidth (0 for n = 1, None if unknown)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    if not link.gb_per_s:
+        return None
+    return 2 * (n - 1) / n * nbytes / (link.gb_per_s * 1e9)
+
+
+def gather_s(nbytes: float, n: int, link: Link) -> float | None:
+    """All-gather / reduce-scatter / all-to-all time: (n-1)/n x bytes / bandwidth."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    if not link.gb_per_s:
+        return None
+    return (n - 1) / n * nbytes / (link.gb_per_s * 1e9)
+
+
+def group_link(inner: int, size: int, local: int, intra: Link, inter: Link) -> Link:
+    """The link a group of ``size`` ranks with stride ``inner`` crosses: intra-node when
+    ``inner x size <= local`` GPUs per node, else the network."""
+    return intra if inner * size <= local else inter

@@ -1,0 +1,116 @@
+"""Result type of the time model, carried by ``Breakdown.time`` (JSON key ``time``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ResourceTime", "TimeEstimate", "RESOURCES"]
+
+RESOURCES = ("compute", "hbm", "nvlink", "network", "pcie", "nvme", "cpu", "data",
+             "pipeline bubble")
+"""Where step time goes. ``nvlink`` is intra-node GPU traffic, ``network`` inter-node."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ResourceTime:
+    """Time one resource is busy per step, and how much of it the step waits for."""
+
+    name: str
+    """One of ``RESOURCES``."""
+    seconds: float
+    """Busy time per step on one rank (or its share of a node resource)."""
+    exposed_seconds: float
+    """Part of the step time attributed to this resource (not hidden by overlap)."""
+    detail: str = ""
+    """What the time is (collectives, transfers) and the overlap assumption."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "seconds": self.seconds,
+                "exposed_seconds": self.exposed_seconds, "detail": self.detail}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ResourceTime:
+        return cls(name=d["name"], seconds=float(d["seconds"]),
+                   exposed_seconds=float(d["exposed_seconds"]), detail=d.get("detail", ""))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimeEstimate:
+    """Predicted time of one optimizer step and where it goes."""
+
+    step_seconds: float
+    """Wall time of one optimizer step (all micro-batches)."""
+    tokens_per_step: int
+    """Tokens the whole job consumes per step."""
+    gpus: int
+    """World size."""
+    model_flops_per_step: float
+    """Model FLOPs of the whole job per step (PaLM convention, see ``timing.flops``)."""
+    executed_flops_per_step: float
+    """FLOPs actually executed (recomputation, causal skipping)."""
+    peak_flops_per_gpu: float
+    """Dense peak of the compute dtype, FLOP/s."""
+    gpu_busy_seconds: float
+    """Compute + memory-bound kernel time per step on one rank."""
+    resources: tuple[ResourceTime, ...]
+    """Per-resource busy and exposed time."""
+    assumptions: tuple[str, ...] = field(default=())
+    """Efficiencies and overlap rules used."""
+    notes: tuple[str, ...] = field(default=())
+    """Unknown bandwidths and other caveats."""
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_per_step / self.step_seconds
+
+    @property
+    def tokens_per_second_per_gpu(self) -> float:
+        return self.tokens_per_second / self.gpus
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs per second per GPU over the dense peak."""
+        return self.model_flops_per_step / self.step_seconds / self.gpus / self.peak_flops_per_gpu
+
+    @property
+    def hfu(self) -> float:
+        """Executed FLOPs per second per GPU over the dense peak."""
+        return (self.executed_flops_per_step / self.step_seconds / self.gpus
+                / self.peak_flops_per_gpu)
+
+    @property
+    def gpu_idle_fraction(self) -> float:
+        """Share of the step the GPU runs no kernel of its own work."""
+        return max(0.0, 1.0 - self.gpu_busy_seconds / self.step_seconds)
+
+    @property
+    def bottleneck(self) -> str:
+        """The resource with the largest exposed time."""
+        return max(self.resources, key=lambda r: r.exposed_seconds).name
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step_seconds": self.step_seconds, "tokens_per_second": self.tokens_per_second,
+            "tokens_per_second_per_gpu": self.tokens_per_second_per_gpu,
+            "mfu": round(self.mfu, 4), "hfu": round(self.hfu, 4),
+            "bottleneck": self.bottleneck,
+            "gpu_idle_fraction": round(self.gpu_idle_fraction, 4),
+            "tokens_per_step": self.tokens_per_step, "gpus": self.gpus,
+            "model_flops_per_step": self.model_flops_per_step,
+            "executed_flops_per_step": self.executed_flops_per_step,
+            "peak_flops_per_gpu": self.peak_flops_per_gpu,
+            "gpu_busy_seconds": self.gpu_busy_seconds,
+            "resources": [r.to_dict() for r in self.resources],
+            "assumptions": list(self.assumptions), "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TimeEstimate:
+        return cls(step_seconds=float(d["step_seconds"]), tokens_per_step=int(d["tokens_per_step"]),
+                   gpus=int(d["gpus"]), model_flops_per_step=float(d["model_flops_per_step"]),
+                   executed_flops_per_step=float(d["executed_flops_per_step"]),
+                   peak_flops_per_gpu=float(d["peak_flops_per_gpu"]),
+                   gpu_busy_seconds=float(d["gpu_busy_seconds"]),
+                   resources=tuple(ResourceTime.from_dict(r) for r in d["resources"]),
+                   assumptions=tuple(d.get("assumptions", ())), notes=tuple(d.get("notes", ())))

@@ -1,0 +1,254 @@
+"""``estimate_time``: one optimizer step's wall time, where it goes, MFU and GPU idle time.
+
+Per rank and step (tokens per replica = micro_batch x seq_len x grad_accum, work split over
+tp x pp x cp):
+
+- **compute** = executed FLOPs / (dense peak of the compute dtype x matmul efficiency 0.81);
+- **hbm** = bytes of memory-bound kernels (norms, residuals, rotary, activations, eager
+  attention scores, cross-entropy, the GPU optimizer step) / (HBM spec x 0.83);
+- **nvlink / network** = collectives (``comms.py``) over the link each group crosses;
+- **pcie** = offload transfers (ZeRO-Offload: gradients out, parameters back: 2 B + 2 B per
+  element of the partition, facts §3.6; ZeRO-3 CPU offload: parameter shards in for forward and
+  backward every micro-batch) at the measured pinned rate of the PCIe generation (x 0.4 pageable);
+- **nvme** = ZeRO-Infinity reads/writes per rank at the node's NVMe rate / local ranks;
+- **cpu** = CPU optimizer: partition elements / (cores per rank x 148 M elements/s/core);
+- **data** = on-the-fly tokenisation at 50 MB/s of text per node (pre-tokenised data: ~0).
+
+Overlap rules (stated in every result): compute and HBM kernels run one after another on the
+stream (their sum is GPU busy time); TP, EP and PP-p2p collectives sit on the critical path
+(no comm/compute overlap for TP); DP/ZeRO/FSDP collectives, CP ring passes, ZeRO-3 parameter
+fetches over PCIe, NVMe parameter reads and data loading overlap with the forward/backward and
+only their excess over the critical path is exposed; the pipeline bubble is (pp - 1) / m of the
+critical path (1F1B, Narayanan et al. 2021 §2.2; interleaving not modelled); after backward, the
+CPU optimizer step (overlapped with its NVMe swaps) and the ZeRO-Offload parameter upload are
+serial while the GPU waits.
+
+**Known limitations**: one matmul efficiency for every GEMM shape (small hidden sizes and TP
+shards are slower, so predictions are optimistic there); no kernel-launch or Python overhead; no
+contention between GPUs sharing a PCIe switch or socket; FP8 matmuls are charged at the FP8
+peak, which real FP8 training does not reach (casts and scaling).
+"""
+
+from __future__ import annotations
+
+from ..estimate.precision import dtypes
+from ..hardware import Device
+from ..host.constants import constant
+from ..host.hardware import NodeHardware
+from ..host.setup import HostSetup
+from ..model.spec import ModelSpec
+from ..recipe import Recipe
+from ..units import dtype_bytes
+from .comms import Link, allreduce_s, gather_s, group_link
+from .flops import token_flops
+from .result import ResourceTime, TimeEstimate
+
+__all__ = ["estimate_time", "pcie_gb_per_s", "peak_tflops"]
+
+
+def peak_tflops(device: Device, recipe: Recipe) -> tuple[float | None, str]:
+    """Dense peak TFLOP/s of the compute dtype (``fp8-mixed``: the fp8 rate for matmuls)."""
+    dt = dtypes(recipe).compute
+    key = "fp8" if recipe.precision == "fp8-mixed" else dt
+    rates = device.tflops or {}
+    return rates.get(key), key
+
+
+def pcie_gb_per_s(gen: int | None, pinned: bool) -> tuple[float | None, float | None]:
+    """(host->device, device->host) GB/s per GPU for a PCIe generation: measured pinned rates
+    (rates.toml), x 0.4 for pageable memory (DGX A100 bandwidthTest)."""
+    if gen is None:
+        return None, None
+    if gen >= 5:
+        h2d, d2h = constant("pcie_gen5_h2d_gb_per_s"), constant("pcie_gen5_d2h_gb_per_s")
+    else:
+        h2d = d2h = constant(f"pcie_gen{max(gen, 3)}_gb_per_s")
+    f = 1.0 if pinned else constant("pageable_fraction")
+    return h2d * f, d2h * f
+
+
+def _hbm_bytes_per_token(model: ModelSpec, recipe: Recipe, tp: int) -> float:
+    """Bytes of memory-bound kernels per token (whole model), forward x 3 (+ recompute)."""
+    h = model.hidden_size
+    fwd = 0.0
+    for layer in model.layers:
+        ffn = layer.ffn
+        f = 0
+        if ffn is not None:
+            f = ffn.intermediate_size * (ffn.top_k if ffn.num_experts else 1)
+            f += ffn.shared_intermediate_size * ffn.shared_experts
+        per_ffn = constant("elementwise_bytes_per_ffn") if (ffn and ffn.gated) else 4.0
+        fwd += constant("elementwise_bytes_per_hidden") * h + per_ffn * f
+        if recipe.attention == "eager" and layer.attention is not None:
+            fwd += constant("eager_attention_bytes_per_score") * layer.attention.num_heads \
+                * recipe.seq_len / tp
+    passes = 3 + (1 if recipe.checkpointing == "full" else 0)
+    ce = constant("cross_entropy_bytes_per_logit") * model.vocab_size
+    return fwd * passes + ce
+
+
+def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
+                  setup: HostSetup, trainable: int) -> TimeEstimate | None:
+    """Step time of ``recipe`` on ``device`` GPUs in ``hw`` nodes; None when the catalog has
+    no dense peak for the compute dtype (the reason is the caller's to report)."""
+    peak_t, key = peak_tflops(device, recipe)
+    if not peak_t or recipe.device == "cpu":
+        return None
+    peak = peak_t * 1e12
+    eff = setup.matmul_efficiency or constant("matmul_efficiency")
+    tp, pp, cp, ep = recipe.tp, recipe.pp, recipe.cp, recipe.ep
+    local = recipe.local_gpus
+    m = recipe.grad_accum
+    tokens_replica = recipe.micro_batch * recipe.seq_len * m
+    split = tp * pp * cp
+    fl = token_flops(model, recipe)
+    notes: list[str] = []
+    t_compute = fl.executed * tokens_replica / split / (peak * eff)
+    hbm = (device.hbm_gb_per_s or 0) * 1e9 * constant("hbm_efficiency")
+    dt = dtypes(recipe)
+    elems_rank = trainable / (tp * pp)
+    part = elems_rank / (recipe.shard_degree if recipe.zero >= 1 else 1)
+    opt_bytes = 0.0 if recipe.offload != "none" else constant("optimizer_bytes_per_param_gpu") * part
+    hbm_bytes = _hbm_bytes_per_token(model, recipe, tp) * tokens_replica / split + opt_bytes
+    t_hbm = hbm_bytes / hbm if hbm else 0.0
+    if not hbm:
+        notes.append(f"{device.name} has no HBM bandwidth in the catalog: memory-bound kernels "
+                     "not timed")
+
+    nv = hw.nvlink_gb_per_s
+    h2d, d2h = pcie_gb_per_s(hw.pcie_gen, setup.pinned)
+    intra = (Link("nvlink", nv / 2 * constant("nvlink_efficiency")) if nv
+             else Link("pcie", h2d))
+    inter = Link("network", hw.network_gb_per_s * constant("network_efficiency")
+                 if hw.network_gb_per_s else None)
+    act = recipe.micro_batch * recipe.seq_len / cp * model.hidden_size * dtype_bytes(dt.compute)
+    layers_rank = model.num_layers / pp
+    unknown: list[str] = []
+
+    def t(x: float | None, what: str) -> float:
+        if x is None:
+            unknown.append(what)
+            return 0.0
+        return x
+
+    # critical path: TP, EP, PP p2p
+    tp_link = group_link(1, tp, local, intra, inter)
+    tp_calls = 4 + (2 if recipe.checkpointing == "full" else 0)
+    t_tp = t(allreduce_s(act, tp, tp_link), "TP link") * tp_calls * layers_rank * m
+    moe = [ly for ly in model.layers if ly.ffn and ly.ffn.num_experts]
+    top_k = moe[0].ffn.top_k if moe else 0  # type: ignore[union-attr]
+    ep_link = group_link(tp, ep, local, intra, inter)
+    t_ep = t(gather_s(act * top_k, ep, ep_link), "EP link") * 4 * len(moe) / pp * m
+    pp_link = inter if recipe.gpus > local else intra
+    t_pp = t(gather_s(act, 2, pp_link), "PP link") * 2 * 2 * m if pp > 1 else 0.0
+    # overlapped: DP / ZeRO / FSDP, CP
+    gb = dtype_bytes(dt.grad)
+    pb = dtype_bytes(dt.param)
+    n = recipe.shard_degree if recipe.zero else recipe.dp * cp
+    dp_link = group_link(tp, n, local, intra, inter)
+    if recipe.zero == 3:
+        dp_s = (2 * t(gather_s(elems_rank * pb, n, dp_link), "DP link")
+                + t(gather_s(elems_rank * gb, n, dp_link), "DP link")) * m
+    elif recipe.zero == 2:
+        dp_s = (t(gather_s(elems_rank * gb, n, dp_link), "DP link") * m
+                + t(gather_s(elems_rank * pb, n, dp_link), "DP link"))
+    else:
+        dp_s = t(allreduce_s(elems_rank * gb, n, dp_link), "DP link")
+    kv = max((ly.attention.num_kv_heads * (ly.attention.head_dim + ly.attention.v_head_dim)
+              for ly in model.layers if ly.attention), default=0)
+    cp_link = group_link(tp, cp, local, intra, inter)
+    cp_bytes = recipe.micro_batch * recipe.seq_len / cp * kv * dtype_bytes(dt.compute) / tp
+    t_cp = t(gather_s(cp_bytes * cp, cp, cp_link), "CP link") * 3 * layers_rank * m
+
+    # offload over PCIe / NVMe, CPU optimizer
+    pcie_ovl = pcie_serial = nvme_ovl = nvme_opt = cpu = 0.0
+    if recipe.offload in ("optimizer", "params+optimizer", "nvme"):
+        if d2h is None:
+            unknown.append("PCIe generation")
+        else:
+            pcie_ovl += part * 2 / (d2h * 1e9) * m          # 16-bit gradient partition out
+            if recipe.offload == "optimizer":
+                pcie_serial += part * 2 / (h2d * 1e9)         # updated 16-bit params back
+            else:
+                pcie_ovl += 2 * part * 2 / (h2d * 1e9) * m  # param shards in, fwd and bwd
+        if recipe.offload == "nvme":
+            read = hw.nvme_read_gb_per_s
+            write = hw.nvme_write_gb_per_s or (read * constant("nvme_write_fraction")
+                                               if read else None)
+            if read and write:
+                per_rank_r, per_rank_w = read / local * 1e9, write / local * 1e9
+                nvme_opt = part * 16 / per_rank_r + part * 12 / per_rank_w
+                nvme_ovl = 2 * part * 2 / per_rank_r * m
+            else:
+                unknown.append("NVMe bandwidth")
+        if hw.cpu_cores:
+            cores = hw.cpu_cores / local
+            cpu = part / (cores * constant("cpu_adam_elements_per_s_per_core"))
+        else:
+            unknown.append("CPU cores")
+    data = 0.0
+    if setup.tokenize:
+        data = (local * tokens_replica / split * constant("text_bytes_per_token")
+                / constant("tokenizer_bytes_per_s_per_node"))
+
+    busy = t_compute + t_hbm
+    critical = busy + t_tp + t_ep + t_pp
+    over = {dp_link.name: dp_s, "pcie": pcie_ovl, "nvme": nvme_ovl, "data": data}
+    over[cp_link.name] = over.get(cp_link.name, 0.0) + t_cp
+    fwd_bwd = max([critical, *over.values()])
+    excess_name = max(over, key=lambda k: over[k])
+    bubble = (pp - 1) / m * critical if pp > 1 else 0.0
+    opt_serial = max(cpu, nvme_opt)
+    step = fwd_bwd + bubble + opt_serial + pcie_serial
+
+    exposed = {r: 0.0 for r in ("compute", "hbm", "nvlink", "network", "pcie", "nvme", "cpu",
+                                "data", "pipeline bubble")}
+    busy_s = dict.fromkeys(exposed, 0.0)
+    exposed["compute"], exposed["hbm"] = t_compute, t_hbm
+    busy_s["compute"], busy_s["hbm"] = t_compute, t_hbm
+    for link, s in ((tp_link, t_tp), (ep_link, t_ep), (pp_link, t_pp)):
+        exposed[link.name] += s
+        busy_s[link.name] += s
+    for name, s in over.items():
+        busy_s[name] += s
+    exposed[excess_name] += fwd_bwd - critical
+    exposed["pipeline bubble"] = busy_s["pipeline bubble"] = bubble
+    exposed["cpu" if cpu >= nvme_opt else "nvme"] += opt_serial
+    busy_s["cpu"] += cpu
+    busy_s["nvme"] += nvme_opt
+    exposed["pcie"] += pcie_serial
+    busy_s["pcie"] += pcie_serial
+    details = {
+        "compute": f"{fl.executed:.3g} executed FLOPs/token at {eff:.0%} of {peak_t:g} TFLOP/s "
+                   f"({key})",
+        "hbm": "norms, residuals, activations, cross-entropy, GPU optimizer step at "
+               f"{constant('hbm_efficiency'):.0%} of {device.hbm_gb_per_s} GB/s",
+        "nvlink": "intra-node collectives (TP/EP/PP on the critical path; DP/ZeRO/CP overlapped)",
+        "network": "inter-node collectives (TP/EP/PP on the critical path; DP/ZeRO/CP "
+                   "overlapped)",
+        "pcie": "offload transfers (gradients out and parameter fetches overlapped; "
+                "ZeRO-Offload parameter upload serial)",
+        "nvme": "ZeRO-Infinity swaps (optimizer swaps overlap the CPU step)",
+        "cpu": "CPU optimizer step (serial: the GPU waits)",
+        "data": "on-the-fly tokenisation (overlapped via prefetch)",
+        "pipeline bubble": f"(pp - 1) / micro-batches = {pp - 1}/{m} of the critical path",
+    }
+    resources = tuple(ResourceTime(name=k, seconds=busy_s[k], exposed_seconds=exposed[k],
+                                   detail=details[k])
+                      for k in exposed if busy_s[k] or exposed[k])
+    if unknown:
+        notes.append("not timed (unknown): " + ", ".join(sorted(set(unknown)))
+                     + "; give --node or --pcie")
+    assumptions = (
+        f"matmuls at {eff:.0%} of the dense {key} peak (H100 GEMM measurement, rates.toml)",
+        "compute and memory-bound kernels serial; TP/EP/PP comm on the critical path; "
+        "DP/ZeRO/CP comm, parameter fetches and data loading overlapped with forward/backward",
+        "CPU optimizer step and ZeRO-Offload parameter upload serial after backward",
+    )
+    replicas = recipe.gpus // split
+    return TimeEstimate(
+        step_seconds=step, tokens_per_step=tokens_replica * replicas, gpus=recipe.gpus,
+        model_flops_per_step=fl.model * tokens_replica * replicas,
+        executed_flops_per_step=fl.executed * tokens_replica * replicas,
+        peak_flops_per_gpu=peak, gpu_busy_seconds=busy, resources=resources,
+        assumptions=assumptions, notes=tuple(notes))
