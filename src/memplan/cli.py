@@ -92,6 +92,8 @@ _RECIPE_OPTIONS: list[tuple[str, type, str]] = [
     ("offload", str, "none | optimizer | params+optimizer | nvme. [default: none]"),
     ("device", str, "cuda | cpu (cpu: no CUDA overheads, to compare with CPU runs). "
                     "[default: cuda]"),
+    ("expandable_segments", bool, "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (little "
+                                  "allocator fragmentation). [default: off]"),
 ]
 """The recipe flags shared by ``estimate`` and ``trace``: (name, type, help). Unset flags are
 None and leave the recipe file's (or the default) value alone."""

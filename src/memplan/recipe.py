@@ -87,6 +87,9 @@ class Recipe:
     (ZeRO-3 / FSDP CPU offload), ``nvme`` (ZeRO-Infinity: states and params on NVMe)."""
     device: str = "cuda"
     """``cuda``, or ``cpu`` to compare with CPU runs (no CUDA context, workspaces or NCCL)."""
+    expandable_segments: bool = False
+    """``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``: the caching allocator maps memory
+    in pages on demand, which removes most of its fragmentation (PyTorch default: off)."""
     grad_dtype: str = "auto"
     """``auto``: gradients in the parameters' dtype; ``fp32``: fp32 gradient accumulation
     buffers for 16-bit parameters (Megatron's ``main_grad``)."""
@@ -114,6 +117,8 @@ class Recipe:
                       f"(or 'all-linear').{did_you_mean(t, LORA_TARGETS)}")
         if not self.lora_targets:
             p.add("lora_targets is empty; name at least one of q,k,v,o,gate,up,down.")
+        if not isinstance(self.expandable_segments, bool):
+            p.add(f"expandable_segments={self.expandable_segments!r} must be true or false.")
         if self.zero not in (0, 1, 2, 3):
             p.add(f"zero={self.zero!r} is out of range: ZeRO stages are 0, 1, 2 or 3.")
         if p:

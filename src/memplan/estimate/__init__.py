@@ -15,7 +15,7 @@ from ..recipe import Recipe
 from .checks import check_compatible
 from .layout import Stage, layout
 from .model_states import model_state_items
-from .overhead import overhead_items
+from .overhead import fragmentation_item, nccl_items, overhead_items
 from .activations import stage_points
 from .lines import Line
 from .optimizer_step import optimizer_step_items
@@ -91,11 +91,15 @@ def _ranks(model: ModelSpec, recipe: Recipe, device: Device) -> tuple[RankBreakd
     per_stage = recipe.gpus // recipe.pp
     for stage in layout(model, recipe):
         lines = model_state_items(stage, recipe, dt) + overhead_items(device, on_cpu)
-        lines += _step_lines(stage, recipe, dt)
+        lines += nccl_items(recipe, stage.index) + _step_lines(stage, recipe, dt)
         instants = _instants(model, stage, recipe, dt)
-        outside = tuple(ln.item for ln in lines if ln.item.pool != Pool.ALLOCATED)
+        timeline = moments(lines, instants)
+        outside = [ln.item for ln in lines if ln.item.pool != Pool.ALLOCATED]
+        slack = fragmentation_item(max(m.allocated_bytes for m in timeline), recipe)
+        if slack is not None:
+            outside.append(slack)
         ranks.append(RankBreakdown(role=_role(stage, recipe), ranks=per_stage,
-                                   moments=moments(lines, instants), outside=outside))
+                                   moments=timeline, outside=tuple(outside)))
     return tuple(ranks)
 
 

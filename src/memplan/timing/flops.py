@@ -104,7 +104,7 @@ def token_flops(model: ModelSpec, recipe: Recipe) -> TokenFlops:
         elif recipe.checkpointing == "selective":
             executed += a_exec
     head = 2.0 * model.hidden_size * model.vocab_size
-    head_w = 1.0 if recipe.method in ("full", "freeze") else 0.0
+    head_w = 1.0 if base_trains else 0.0  # freeze and LoRA leave the head frozen
     model_f += head * (2 + head_w)
     executed += head * (2 + head_w)
     return TokenFlops(model=model_f, executed=executed, matmul_forward=m_fwd + head,
