@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from memplan import Recipe, estimate  # noqa: E402
+from memplan import Recipe, estimate, load_model  # noqa: E402
 from memplan.hardware import cpu_device  # noqa: E402
 from memplan.model.hf import from_hf_config  # noqa: E402
 
@@ -112,3 +112,15 @@ def test_live_runs_within_bounds(case):
         rank.first_step_peak_allocated_bytes, measured[0].peak_bytes)
     assert _err(rank.steady_peak_allocated_bytes, measured[1].peak_bytes) <= 5.0, (
         rank.steady_peak_allocated_bytes, measured[1].peak_bytes)
+
+
+@pytest.mark.parametrize("model", ["bert-large-uncased", "openai-community/gpt2", "meta-llama/Llama-3.2-1B"])
+def test_flash_keeps_no_score_matrix_like_sdpa(model):
+    """On CUDA, attention='flash' saves what fused SDPA saves (no B x H x S x S scores) for
+    every family; eager keeps the scores and must cost more."""
+    from memplan.hardware import get_device
+
+    peaks = {a: estimate(load_model(model), Recipe(micro_batch=4, seq_len=512, attention=a),
+                         get_device("A100-80GB"), search_micro_batch=False).worst
+             .peak_allocated_bytes for a in ("eager", "sdpa", "flash")}
+    assert peaks["flash"] == peaks["sdpa"] < peaks["eager"]

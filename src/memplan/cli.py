@@ -30,8 +30,10 @@ _FORMATS = ("table", "json")
 
 def _fail(message: str, code: int = 2) -> None:
     from rich.console import Console
+    from rich.markup import escape
 
-    Console(stderr=True).print(f"[bold red]Error:[/] {message}", highlight=False)
+    # the message is plain text: brackets in it ([[case]], [host]) are not rich markup
+    Console(stderr=True).print(f"[bold red]Error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(code)
 
 

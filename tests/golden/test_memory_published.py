@@ -14,6 +14,10 @@ nvidia-smi      ``device_total_bytes`` (reserved + CUDA context + NCCL)
 unknown         the band [``peak_allocated_bytes``, ``device_total_bytes``]
 ==============  =======================================================================
 
+Where a source measured its own CUDA context (hf-transformers-perf-doc, GT119: 1.31 GiB on
+CUDA 11.2, which predates lazy module loading), that value replaces memplan's 400 MiB in the
+nvidia-smi prediction, as README caveat 1 suggests; the rest of ``device_total_bytes`` stays.
+
 Tolerance (README caveats 1, 8, 9), fixed before looking at the results and never per row:
 ``tol = rel x value + abs`` with rel = 10 % (the README's per-row noise; caveat 9) and abs =
 0.25 GiB on A rows (named counter, pinned config) or 0.5 GiB on B rows (the low end of the
@@ -39,10 +43,9 @@ from pathlib import Path
 
 import pytest
 
-from memplan import Recipe, estimate, get_device
+from memplan import Category, Pool, Recipe, estimate, get_device, load_model
 from memplan.errors import MemplanError
 from memplan.model.catalog import find
-from memplan.model.hf import from_hf_config
 from memplan.model.spec import LORA_TARGETS, ModelSpec
 from memplan.recipe import OPTIMIZERS
 from memplan.units import GIB
@@ -167,11 +170,9 @@ def rows() -> tuple[dict[str, str], ...]:
 
 @cache
 def model(model_id: str) -> ModelSpec:
-    """Catalog models only: never the Hub or a local cache."""
-    entry = find(model_id)
-    assert entry is not None, model_id
-    return from_hf_config(entry.config(), entry.id, where=f"catalog:{entry.file}",
-                          source="memplan catalog")
+    """Catalog ids only (``_catalog_id``), so ``load_model`` never reaches a cache or the Hub."""
+    assert find(model_id) is not None, model_id
+    return load_model(model_id)
 
 
 def _catalog_id(row: dict[str, str]) -> str | None:
@@ -188,7 +189,7 @@ def _gpu(name: str) -> str | None:
 
 
 def _grad_accum(notes: str) -> int:
-    m = re.search(r"gradient accumulation(?:_steps=| )(\d+)", notes)
+    m = re.search(r"gradient[ _]accumulation(?:_steps=| )(\d+)", notes)
     return int(m.group(1)) if m else 1
 
 
@@ -233,7 +234,7 @@ def _reasons(row: dict[str, str]) -> list[str]:
     if row["source_group"] == "peft-docs-70b" and "FSDP" in row["notes"] and (
             "accelerate bf16 mixed precision" in row["notes"]):
         out.append(R_FP32_FROZEN)
-    if row["id"] in ("GT038", "GT039", "GT120"):
+    if row["id"] in ("GT038", "GT120"):
         out.append(R_COVERED)
     return out
 
@@ -297,39 +298,374 @@ def load() -> tuple[list[Case], list[Skip]]:
     return cases, skips
 
 
+@cache
+def measured_context_gib(group: str) -> float | None:
+    """The CUDA context a source group measured on its own stack (README caveat 1: 1.31 GiB on
+    the V100 / CUDA 11.2 of hf-transformers-perf-doc, row GT119), if it published one."""
+    for row in rows():
+        if row["source_group"] == group and row["quantity"] == "gpu_mem_cuda_context_only":
+            return float(row["value_gib"])
+    return None
+
+
 def predict(case: Case, gpu: str | None = None) -> Result:
     b = estimate(model(case.model_id), case.recipe, get_device(gpu or case.gpu),
                  search_micro_batch=False)
     r = b.worst
     alloc, reserved, total = (x / GIB for x in (
         r.peak_allocated_bytes, r.peak_reserved_bytes, r.device_total_bytes))
+    context = measured_context_gib(case.group)
+    if context is not None:
+        # nvidia-smi = reserved + context + NCCL: swap memplan's context (lazy loading, CUDA
+        # >= 11.7) for the one the same source measured on its own stack.
+        ours = sum(i.bytes for i in r.outside  # the context is memplan's only DEVICE overhead
+                   if i.pool is Pool.DEVICE and i.category is Category.OVERHEAD) / GIB
+        total = total - ours + context
     lo, hi = {"allocated": (alloc, alloc), "reserved": (reserved, reserved),
               "device": (total, total), "band": (alloc, total)}[case.metric]
     return Result(case=case, lo_gib=lo, hi_gib=hi)
 
 
+# ---- fit / no-fit rows (README caveat 3) -----------------------------------------------------
+
+R_UNSLOTH = "Unsloth kernels column (offloaded checkpointing, fused CE: README caveat 3)"
+R_LLMC = "llm.c (exact buffers and fused classifier, no PyTorch allocator)"
+
+UNSLOTH_HF_ASSUMED = dict(precision="bf16-true", quant="nf4-dq", optimizer="adamw-8bit",
+                          checkpointing="full", offload="none", adapter_dtype="fp32")
+"""The Unsloth README's Hugging Face + FA2 column does not publish dtype, 4-bit type, optimizer
+or checkpointing. The row only says the configuration ran, so we ask that memplan does not rule
+it out under the leanest standard Hugging Face choices (bf16 model, NF4 + double quant, 8-bit
+AdamW, gradient checkpointing)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FitCase:
+    id: str
+    group: str
+    grade: str
+    model_id: str
+    recipe: Recipe
+    gpu: str
+    """Catalog device the estimate runs on (``STAND_IN_GPU`` for a bare VRAM class)."""
+    capacity_gib: float | None
+    """The VRAM class of the row ("24GB GPU" -> 24 GiB); None: the catalog device's capacity."""
+    fits: bool
+    assumed: str = ""
+
+
+def _fit_row(row: dict[str, str]) -> FitCase | list[str]:
+    q = row["quantity"]
+    boundary = q.startswith(("max_seq_len_that_fits", "max_batch_that_fits", "fits_in"))
+    if not (boundary or row["oom"] == "1"):
+        return []
+    reasons = []
+    if "Unsloth column" in row["notes"]:
+        reasons.append(R_UNSLOTH)
+    if row["source_group"] == "llm.c":
+        reasons.append(R_LLMC)
+    if _catalog_id(row) is None:
+        reasons.append(R_MODEL)
+    if reasons:
+        return reasons
+    kw = {k: row[k] for k in ("precision", "base_quant", "optimizer", "checkpointing",
+                              "offload")}
+    assumed = ""
+    if row["source_group"] == "unsloth-readme-context":
+        assumed = ", ".join(f"{k}={v}" for k, v in UNSLOTH_HF_ASSUMED.items())
+        row = {**row, **{k: v for k, v in UNSLOTH_HF_ASSUMED.items() if k in row},
+               "base_quant": UNSLOTH_HF_ASSUMED["quant"], "num_gpus": row["num_gpus"] or "1",
+               "zero_stage": row["zero_stage"] or "0"}
+    elif any(not v for v in kw.values()):
+        return [R_UNSTATED]
+    recipe = _recipe(row)
+    if assumed:
+        recipe = replace(recipe, adapter_dtype=UNSLOTH_HF_ASSUMED["adapter_dtype"])
+    gpu = _gpu(row["gpu"])
+    return FitCase(id=row["id"], group=row["source_group"], grade=row["reliability"],
+                   model_id=_catalog_id(row) or "", recipe=recipe, gpu=gpu or STAND_IN_GPU,
+                   capacity_gib=None if gpu else float(row["value_gib"]),
+                   fits=row["oom"] != "1", assumed=assumed)
+
+
+def load_all() -> tuple[list[Case], list[FitCase], list[Skip]]:
+    """Peak cases, fit cases, and every row used by neither with all its reasons."""
+    cases, skips = load()
+    fits, left = [], []
+    for s in skips:
+        row = next(r for r in rows() if r["id"] == s.id)
+        got = _fit_row(row)
+        if isinstance(got, FitCase):
+            fits.append(got)
+        else:  # a boundary / OOM row's own reasons come first
+            left.append(replace(s, reasons=tuple(got) + tuple(r for r in s.reasons
+                                                              if r not in got)))
+    return cases, fits, left
+
+
 # ---- expected failures: rows memplan expresses but gets clearly wrong --------------------------
-# Filled in from the measured errors (see validation/ground_truth_gpu.md); each reason gives the
-# error and the diagnosis.
-XFAIL: dict[str, str] = {}
+
+_NF4_INIT = (
+    "torchtune QLoRA: the reserved pool is set at model init, not in training (the tutorial "
+    "logs 9.13 GB reserved after init vs 9.29 GB in training). torchao's to_nf4 quantizes on "
+    "the GPU via quantize_tensor_nearest, (value.unsqueeze(-1) - nf4).abs(): numel x 16 "
+    "elements, ~1.4 GB per copy for an 11008 x 4096 weight; the allocator keeps those blocks. "
+    "memplan models the training step only (NF4 base {pred}).")
+_FSDP1_INIT = (
+    "torchtune 2024-04 FSDP1 recipe: the published value matches memplan's UNSHARDED estimate "
+    "({unsharded}); likely each rank materialises the full bf16 model on the GPU before "
+    "sharding and the reserved pool keeps it. Not verified; memplan models the training step "
+    "only.")
+_HF_2022_GRADS = (
+    "HF perf doc ran torch 1.x, whose Trainer model.zero_grad() keeps fp32 gradients "
+    "allocated between steps (set_to_none=False); memplan assumes torch>=2.0 (grads freed). "
+    "With grads held (grad_accum=2 as a proxy) the row is {fixed}. Recipe cannot express it.")
+XFAIL: dict[str, str] = {
+    "GT001": "-37.7% vs the band top (7.98 GiB published, 4.36-4.97 predicted). "
+             + _NF4_INIT.format(pred="4.4-5.0 GiB"),
+    "GT037": "-47.1% (8.65 GiB reserved published, 4.58 predicted). "
+             + _NF4_INIT.format(pred="4.6 GiB"),
+    "GT002": "-32.3% vs the band top (19.51 published, 11.70-13.21 predicted). "
+             + _FSDP1_INIT.format(unsharded="zero=0: 17.24-19.02 GiB, -2.5%"),
+    "GT005": "-27.5% vs the band top (21.33 published, 13.72-15.46 predicted; one-sided row, "
+             "still below). Same recipe generation as GT002 (FSDP1, full bf16 model per rank "
+             "at init is the likely cause; not verified). Part of it is an estimator gap: "
+             "estimate/optimizer_step.py drops torch AdamW's foreach sqrt(exp_avg_sq) copy for "
+             "every zero>=1 run (it assumes DeepSpeed FusedAdam), +3.1 GiB at this FSDP "
+             "optimizer step (peak 13.7 -> 15.7 GiB allocated), not enough to pass.",
+    "GT010": "-21.6% vs the band top (22.44 published, 15.74-17.59 predicted). Unexplained: "
+             "the value equals GT009's (another config, 1 GPU) whose reproduction measured "
+             "20.2 GB (PR #961), so possibly a copied cell; FSDP1 multi-stream allocator slack "
+             "above memplan's 5 % and the missing foreach AdamW temporary (see GT005) are "
+             "candidates.",
+    "GT008": "+192.7% (15.09 published, 44.16-47.29 predicted). The published number cannot "
+             "hold at bs 4 x 2048 without activation checkpointing: memplan's saved activations "
+             "alone exceed it. With checkpointing=full memplan gives 12.12-13.65 (-9.5%), so "
+             "AC was on or the sequences were shorter (README caveat: how fixed-length inputs "
+             "were produced is not published). Data, not estimator.",
+    "GT011": "+89.9% (24.59 published, 46.70-50.10 predicted). Full AC at bs 4 x 4096 alone "
+             "keeps 80 x 4 x 4096 x 8192 x 2 B = 20 GiB of layer inputs next to 16 GiB of "
+             "sharded bf16 weights, above the published total. At seq 512 memplan gives "
+             "22.79-25.00 (inside the band): the run most likely used unpacked Alpaca, not "
+             "4096-token inputs. Data, not estimator.",
+    "GT110": "-12.1% (14.60 published, 12.83 predicted). "
+             + _HF_2022_GRADS.format(fixed="14.14 GiB, -3.1%"),
+    "GT113": "-15.5% (13.61 published, 11.50 predicted). "
+             + _HF_2022_GRADS.format(fixed="12.81 GiB, -5.9%"),
+    "GT115": "-15.0% (12.01 published, 10.21 predicted). "
+             + _HF_2022_GRADS.format(fixed="11.52 GiB, -4.1%"),
+    "GT117": "-14.9% (12.78 published, 10.87 predicted). "
+             + _HF_2022_GRADS.format(fixed="12.19 GiB, -4.6%"),
+    "GT112": "+19.1% (6.62 published, 7.88 predicted). memplan's peak is the optimizer step "
+             "with torch's foreach AdamW sqrt(exp_avg_sq) copy (1.25 GiB fp32); HF Trainer "
+             "2022 used transformers.AdamW (adamw_hf), a per-parameter loop whose largest "
+             "temporary is the 119 MiB embedding. Without the copy the peak is memplan's "
+             "forward/backward 5.24 GiB -> ~6.8 GiB nvidia-smi (+3 %). Recipe cannot express "
+             "the optimizer implementation.",
+    "GT138": "-35.3% vs the band top (19.60 published, 11.20-12.68 predicted). Cause not "
+             "identified. The same non-state memory is missing in GT137/GT140 (same model, "
+             "bs 2 x 2048, reentrant AC); published GT140 - GT138 = 16.0 GiB matches "
+             "memplan's 16.4 GiB NF4 shard, so the offload itself is modelled right.",
+    "GT137": "-20.9% (36.60 published, 26.69-28.95 predicted). Passed only while memplan sized "
+             "the gathered ZeRO-3 units of the NF4 base in bf16 (a bug: the all-gather moves "
+             "the packed 4-bit storage). Candidates for the rest: DeepSpeed keeps up to "
+             "stage3_max_live_parameters = 1e9 gathered elements where memplan holds two FSDP "
+             "units, and accelerate's autocast on top of bf16 storage; not verified.",
+    "GT140": "-18.7% (35.60 published, 26.69-28.95 predicted); same cause as GT137.",
+}
+"""Row id -> measured error and diagnosis (validation/ground_truth_gpu.md has the long form)."""
 
 if CSV_PATH.is_file():
-    CASES, SKIPPED = load()
+    CASES, FITS, SKIPPED = load_all()
 else:  # pragma: no cover - the shared checkout is absent
-    CASES, SKIPPED = [], []
+    CASES, FITS, SKIPPED = [], [], []
 pytestmark = pytest.mark.skipif(not CSV_PATH.is_file(),
                                 reason=f"ground truth not found at {CSV_PATH}")
 
 
-def _param(case: Case):
+@cache
+def _predicted(case: Case) -> Result:
+    return predict(case)
+
+
+def _param(case: Case | FitCase):
     marks = [pytest.mark.xfail(strict=True, reason=XFAIL[case.id])] if case.id in XFAIL else []
     return pytest.param(case, id=f"{case.id}-{case.group}", marks=marks)
 
 
 @pytest.mark.parametrize("case", [_param(c) for c in CASES])
 def test_peak_matches_published(case: Case):
-    res = predict(case)
+    res = _predicted(case)
     side = "value <= hi + tol" if case.upper_bound else "lo - tol <= value <= hi + tol"
     assert res.ok, (f"{case.id} ({case.group}, {case.grade}): published {case.value_gib:.2f} "
                     f"GiB, predicted [{res.lo_gib:.2f}, {res.hi_gib:.2f}] GiB ({case.metric}), "
                     f"tol {res.tol_gib:.2f} GiB, need {side}; error {res.error:+.1%}")
+
+
+@pytest.mark.parametrize("fc", [_param(c) for c in FITS])
+def test_fit_matches_published(fc: FitCase):
+    """oom=1: the estimate must not fit. Capacity boundaries: it must fit at that capacity.
+    GT109 (litgpt, chunked CE) is usable here although its CE is chunked: the model states alone
+    (8.03 B x 8 B in bf16-true AdamW) exceed 24 GB whatever the loss does."""
+    b = estimate(model(fc.model_id), fc.recipe, get_device(fc.gpu), search_micro_batch=False)
+    cap = b.capacity_bytes if fc.capacity_gib is None else fc.capacity_gib * GIB
+    need = b.worst.device_total_bytes
+    assert (need <= cap) == fc.fits, (
+        f"{fc.id}: published {'fits' if fc.fits else 'OOM'} at {cap / GIB:.1f} GiB, memplan "
+        f"needs {need / GIB:.2f} GiB" + (f" (assumed {fc.assumed})" if fc.assumed else ""))
+
+
+def _two_sided() -> list[Case]:
+    return [c for c in CASES if not c.upper_bound]
+
+
+def test_median_error():
+    """Median absolute error over the A+B rows with a fixed sequence length (upper-bound rows
+    have no two-sided error), xfail rows included. Bound 15 %: the per-row noise is +-10 %
+    (README caveat 9) and 4 of these 18 rows add +-7 % of unit uncertainty (caveat 8);
+    a median beyond 15 % means the estimator's error, not the data's, dominates."""
+    errors = [abs(_predicted(c).error) for c in _two_sided()]
+    assert len(errors) >= 10
+    assert statistics.median(errors) <= MEDIAN_BOUND, (
+        f"median |error| {statistics.median(errors):.1%} over {len(errors)} rows")
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES if c.stand_in_gpu])
+def test_stand_in_gpu_does_not_matter(case: Case):
+    """The compared counters of a row with an unstated GPU barely depend on which GPU we
+    assume (only the cuBLAS workspace does): across A100, H100 and RTX 4090 they move by less
+    than a tenth of the row's tolerance, so the stand-in does not decide the outcome."""
+    ref = _predicted(case)
+    spread = 0.1 * ref.tol_gib  # a tenth of the row's tolerance
+    for gpu in STAND_IN_CHECK:
+        other = predict(case, gpu)
+        assert other.lo_gib == pytest.approx(ref.lo_gib, abs=spread)
+        assert other.hi_gib == pytest.approx(ref.hi_gib, abs=spread)
+
+
+def _arch(text: str) -> dict[str, int]:
+    out = {}
+    for key, value in re.findall(r"\b(h|d|L|H|KV|ffn|swiglu-inner|V)=(\d+)", text):
+        out["ffn" if key == "swiglu-inner" else "h" if key == "d" else key] = int(value)
+    return out
+
+
+def _spec_arch(spec: ModelSpec) -> dict[str, int]:
+    layer = spec.layers[0]
+    assert layer.attention is not None and layer.ffn is not None
+    return {"h": spec.hidden_size, "L": spec.num_layers, "H": layer.attention.num_heads,
+            "KV": layer.attention.num_kv_heads, "ffn": layer.ffn.intermediate_size,
+            "V": spec.vocab_size}
+
+
+@pytest.mark.parametrize("row_id", sorted({c.id for c in CASES} | {f.id for f in FITS}))
+def test_arch_column_matches_catalog_model(row_id: str):
+    """The catalog model we estimate (after ``MODEL_ALIASES``) has the row's architecture."""
+    row = next(r for r in rows() if r["id"] == row_id)
+    published = _arch(row["arch"])
+    ours = _spec_arch(model(_catalog_id(row) or ""))
+    if "KV" not in published and "H" in published:
+        published["KV"] = published["H"]
+    assert {k: ours[k] for k in published} == published
+
+
+def test_every_row_is_accounted_for():
+    """Each CSV row is compared, fit-checked or skipped with at least one reason."""
+    ids = [c.id for c in CASES] + [f.id for f in FITS] + [s.id for s in SKIPPED]
+    assert sorted(ids) == sorted(r["id"] for r in rows())
+    assert all(s.reasons for s in SKIPPED)
+    assert set(XFAIL) <= {c.id for c in CASES} | {f.id for f in FITS}
+
+
+# ---- the report of validation/ground_truth_gpu.md ---------------------------------------------
+
+def _p90(xs: list[float]) -> float:
+    """Nearest-rank 90th percentile."""
+    s = sorted(xs)
+    return s[max(0, -(-9 * len(s) // 10) - 1)]
+
+
+def report() -> str:
+    out = []
+    groups = sorted({c.group for c in CASES})
+    out.append("| source_group | grade | rows (upper-bound) | median abs err | p90 abs err | "
+               "median, fixed-length rows | within tolerance | xfail |")
+    out.append("|---|---|---|---|---|---|---|---|")
+    for g in groups:
+        for grade in ("A", "B"):
+            cs = [c for c in CASES if c.group == g and c.grade == grade]
+            if not cs:
+                continue
+            errs = [abs(_predicted(c).error) for c in cs]
+            fixed = [abs(_predicted(c).error) for c in cs if not c.upper_bound]
+            ok = sum(_predicted(c).ok for c in cs)
+            out.append(f"| {g} | {grade} | {len(cs)} ({sum(c.upper_bound for c in cs)}) | "
+                       f"{statistics.median(errs):.1%} | {_p90(errs):.1%} | "
+                       + (f"{statistics.median(fixed):.1%}" if fixed else "-")
+                       + f" | {ok}/{len(cs)} | {sum(c.id in XFAIL for c in cs)} |")
+    for grade in ("A", "B", "A+B"):
+        cs = [c for c in CASES if grade == "A+B" or c.grade == grade]
+        errs = [abs(_predicted(c).error) for c in cs]
+        fixed = [abs(_predicted(c).error) for c in cs if not c.upper_bound]
+        out.append(f"| **all** | {grade} | {len(cs)} ({sum(c.upper_bound for c in cs)}) | "
+                   f"{statistics.median(errs):.1%} | {_p90(errs):.1%} | "
+                   f"{statistics.median(fixed):.1%} | {sum(_predicted(c).ok for c in cs)}/"
+                   f"{len(cs)} | {sum(c.id in XFAIL for c in cs)} |")
+    out.append("")
+    out.append("| id | group | grade | model | GPU | counter | published GiB | predicted GiB | "
+               "error | tol GiB | ok | xfail |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for c in CASES:
+        r = _predicted(c)
+        pred = f"{r.lo_gib:.2f}" if r.lo_gib == r.hi_gib else f"{r.lo_gib:.2f}-{r.hi_gib:.2f}"
+        out.append(f"| {c.id} | {c.group} | {c.grade} | {c.model_id} | {c.gpu}"
+                   f"{' (stand-in)' if c.stand_in_gpu else ''} | {c.metric}"
+                   f"{' (seq max)' if c.upper_bound else ''} | {c.value_gib:.2f} | {pred} | "
+                   f"{r.error:+.1%} | {r.tol_gib:.2f} | {'yes' if r.ok else 'no'} | "
+                   f"{'yes' if c.id in XFAIL else ''} |")
+    out.append("")
+    out.append("| id | group | grade | expected | capacity GiB | memplan needs GiB | ok |")
+    out.append("|---|---|---|---|---|---|---|")
+    for f in FITS:
+        b = estimate(model(f.model_id), f.recipe, get_device(f.gpu), search_micro_batch=False)
+        cap = b.capacity_bytes / GIB if f.capacity_gib is None else f.capacity_gib
+        need = b.worst.device_total_bytes / GIB
+        out.append(f"| {f.id} | {f.group} | {f.grade} | {'fits' if f.fits else 'OOM'} | "
+                   f"{cap:.1f} | {need:.2f} | {'yes' if (need <= cap) == f.fits else 'no'} |")
+    out.append("")
+    first: dict[str, list[str]] = {}
+    for s in SKIPPED:
+        first.setdefault(s.reasons[0], []).append(s.id)
+    out.append(f"Skipped rows: {len(SKIPPED)} (by first reason)")
+    out.append("")
+    out.append("| reason | rows | ids |")
+    out.append("|---|---|---|")
+    for reason, ids in sorted(first.items(), key=lambda kv: -len(kv[1])):
+        out.append(f"| {reason} | {len(ids)} | {_ranges(ids)} |")
+    every: dict[str, list[str]] = {}
+    for s in SKIPPED:
+        for reason in s.reasons:
+            every.setdefault(reason, []).append(s.id)
+    out.append("")
+    out.append("Every reason (a row can have several)")
+    out.append("")
+    out.append("| reason | rows |")
+    out.append("|---|---|")
+    for reason, ids in sorted(every.items(), key=lambda kv: -len(kv[1])):
+        out.append(f"| {reason} | {len(ids)} |")
+    return "\n".join(out)
+
+
+def _ranges(ids: list[str]) -> str:
+    nums = sorted(int(i[2:]) for i in ids)
+    spans, start = [], nums[0]
+    for a, b in zip(nums, nums[1:] + [None]):
+        if b != a + 1:
+            spans.append(f"GT{start:03d}" + (f"-GT{a:03d}" if a != start else ""))
+            if b is not None:
+                start = b
+    return ", ".join(spans)
+
+
+if __name__ == "__main__":
+    print(report())

@@ -37,8 +37,13 @@ class Stage:
     index: int
     layers: range
     held: tuple[Held, ...]
-    largest_unit_numel: int
-    """Elements of this stage's biggest ZeRO-3/FSDP unit (one layer) on one rank."""
+    units: tuple[tuple[Held, ...], ...] = ()
+    """This stage's ZeRO-3/FSDP units on one rank: the embedding, each layer, the head."""
+
+    @property
+    def largest_unit_numel(self) -> int:
+        """Elements of the biggest unit."""
+        return max((sum(h.numel for h in u) for u in self.units), default=0)
 
 
 def stage_layers(num_layers: int, pp: int) -> list[range]:
@@ -94,12 +99,12 @@ def layout(model: ModelSpec, recipe: Recipe) -> list[Stage]:
         if first:
             for t in model.embedding:
                 held += _hold(t, recipe, trainable=full)
-            units.append(sum(h.numel for h in held))
+            units.append(tuple(held))
         for i in layers:
             layer_held: list[Held] = []
             for t in model.layers[i].tensors:
                 layer_held += _hold(t, recipe, trainable=full or i >= train_from)
-            units.append(sum(h.numel for h in layer_held))
+            units.append(tuple(layer_held))
             held += layer_held
         if last:
             before = len(held)
@@ -111,10 +116,9 @@ def layout(model: ModelSpec, recipe: Recipe) -> list[Stage]:
                               shape=(model.vocab_size, model.hidden_size),
                               component=Component.HEAD, split=Split.VOCAB)
                 held += _hold(copy, recipe, trainable=full)
-            units.append(sum(h.numel for h in held[before:]))
+            units.append(tuple(held[before:]))
         # FSDP/ZeRO-3 gather one unit at a time: each layer, and the embedding and head as
         # their own units (torchtitan wraps them separately; with 256k vocabularies they can
         # be the largest).
-        stages.append(Stage(index=s, layers=layers, held=tuple(held),
-                            largest_unit_numel=max(units + [0])))
+        stages.append(Stage(index=s, layers=layers, held=tuple(held), units=tuple(units)))
     return stages

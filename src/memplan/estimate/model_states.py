@@ -138,11 +138,15 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
     t_numel = sum(h.numel for h in trainable)
     if recipe.zero == 3 and recipe.shard_degree > 1:
         unit = stage.largest_unit_numel
+        gathered = max((sum(quantized_bytes(h.numel, h.tensor.shape[0], recipe.quant)
+                            if h.quantized else h.numel * cb for h in u) for u in stage.units),
+                       default=0)
         out.append(_line(
             category=Category.COMMUNICATION, name="ZeRO-3/FSDP all-gathered parameters (2 units)",
-            bytes=math.ceil(2 * unit * cb), phases=(F, B),
-            formula="current + prefetched unit, unsharded in the compute dtype (FSDP "
-            "limit_all_gathers keeps two units; PyTorch FSDP notes)"))
+            bytes=math.ceil(2 * gathered), phases=(F, B),
+            formula="current + prefetched unit, unsharded as stored: compute dtype, packed "
+            "4/8-bit for a QLoRA base (FSDP limit_all_gathers keeps two units; PyTorch FSDP "
+            "notes)"))
         if t_numel:
             out.append(_line(
                 category=Category.COMMUNICATION, name="unsharded gradients of one unit",

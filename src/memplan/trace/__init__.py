@@ -89,8 +89,18 @@ def fake_mode(device: str = "cpu") -> Iterator[Any]:
             "built without CUDA); a GPU is not needed. Install a CUDA wheel of torch, or "
             "trace with device=cpu (CPU kernels: the math differs for SDPA and the optimizer)."
         )
-    with FakeTensorMode(allow_non_fake_inputs=False) as mode, _not_packed():
-        yield mode
+    from torch._subclasses.fake_tensor import DynamicOutputShapeException
+
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=False) as mode, _not_packed():
+            yield mode
+    except DynamicOutputShapeException as e:
+        raise TraceError(
+            f"the model calls {e.func} whose output size depends on tensor values (MoE "
+            "routing: which tokens go to which expert). Fake tensors have no values, so "
+            "this model cannot be traced. Use `memplan estimate` (it models top-k routing) "
+            "or `memplan measure` on a real run."
+        ) from None
 
 
 def _steps(w: Workload, steps: int) -> list[Any]:

@@ -147,6 +147,11 @@ def _hf_model(config: dict[str, Any], recipe: Recipe, where: str) -> Any:
         raise ModelConfigError(f"{where}: no transformers model class with a language-model "
                                f"head for model_type {model_type!r}.")
     cfg._attn_implementation = attn
+    if hasattr(cfg, "_experts_implementation"):
+        # MoE experts as the per-expert loop transformers calls "eager" (what the estimator
+        # models); the default grouped_mm has no fp32 meta kernel, so FakeTensorMode cannot
+        # trace it
+        cfg._experts_implementation = "eager"
     return cls(cfg)
 
 

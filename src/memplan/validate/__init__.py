@@ -172,10 +172,20 @@ def _tiny(name: str) -> str:
 def cases(*, quick: bool = False, device: str = "cpu",
           table: str | Path | None = None) -> list[Case]:
     """The cases of ``table`` (default: the shipped ``cases.toml``)."""
-    text = (Path(table).read_text() if table is not None
-            else resources.files(__package__).joinpath("cases.toml").read_text())
+    where = str(table) if table is not None else "cases.toml"
+    try:
+        text = (Path(table).read_text() if table is not None
+                else resources.files(__package__).joinpath("cases.toml").read_text())
+        rows = tomllib.loads(text).get("case")
+    except OSError as e:
+        raise ConfigError([f"cannot read the case table {where}: {e.strerror}."]) from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError([f"{where}: malformed TOML: {e}."]) from None
+    if not isinstance(rows, list) or not rows:
+        raise ConfigError([f"{where}: no [[case]] tables. Each case is a [[case]] table with "
+                           "name, model and recipe fields (see the shipped cases.toml)."])
     out = []
-    for row in tomllib.loads(text)["case"]:
+    for row in rows:
         row = dict(row)
         name, model, is_quick = row.pop("name"), row.pop("model"), row.pop("quick", False)
         if quick and not is_quick:

@@ -227,14 +227,16 @@ class Blocks:
         self.g.op([rot], (b,))
         return self.add(a, b)
 
-    def sdpa(self, q: Tensor, k: Tensor, v: Tensor, heads: int) -> Tensor:
+    def sdpa(self, q: Tensor, k: Tensor, v: Tensor, heads: int, out_numel: int | None = None
+             ) -> Tensor:
         """Fused attention (CPU flash kernel, CUDA flash / memory-efficient): saves q, k, v,
         the output and the fp32 log-sum-exp (one per head and query). Autocast casts q, k, v
-        to 16 bits first."""
+        to 16 bits first. ``out_numel``: output elements when the value head dim differs from
+        the query's (MLA), else q's."""
         c = self.c
         if c.amp:
             q, k, v = (self.cast(t, c.half) for t in (q, k, v))
-        n_out = q.nbytes // q.itemsize
+        n_out = out_numel or q.nbytes // q.itemsize
         out = self.new(n_out, q.itemsize, q.grad or k.grad or v.grad)
         lse = self.new(c.tokens * heads, 4, grad=False)
         self.g.op([q, k, v], (out, lse), [q, k, v, out, lse])
@@ -242,7 +244,8 @@ class Blocks:
 
     def eager(self, q: Tensor, k: Tensor, v: Tensor, heads: int, kv_heads: int, *,
               dropout: float = 0.0, softcap: bool = False, mask: Tensor | None = None,
-              autocast: bool = True, upcast_input: bool = True) -> Tensor:
+              autocast: bool = True, upcast_input: bool = True,
+              out_numel: int | None = None) -> Tensor:
         """HF ``eager_attention_forward``: ``repeat_kv`` copies (GQA), ``q @ k^T`` (saves both),
         scaling, mask add, softmax in fp32 (saved) cast back, dropout, ``@ v`` (saves the
         probabilities and v), and a contiguous copy of the output for ``o_proj``."""
@@ -269,9 +272,24 @@ class Blocks:
         self.g.op([s], (p,), [p])
         p = self.cast(p, size)
         p = self.dropout(p, dropout)
-        out = self.new(q.nbytes // q.itemsize, size, p.grad or v.grad)
+        out = self.new(out_numel or q.nbytes // q.itemsize, size, p.grad or v.grad)
         self.g.op([p, v], (out,), [p, v])
         return self.copy(out, 1.0)
+
+    def cat(self, parts: list[Tensor], per_token: int) -> Tensor:
+        """``torch.cat`` (or ``new_empty`` + ``copy_``) into a new tensor of ``per_token``
+        elements per token; its backward slices the gradient and saves nothing."""
+        size = max(t.itemsize for t in parts)
+        y = self.new(self.c.tokens * per_token, size, any(t.grad for t in parts))
+        self.g.op(parts, (y,))
+        return y
+
+    def view(self, x: Tensor, factor: float) -> Tensor:
+        """A view of ``factor`` of ``x``'s elements (split, slice): no new storage. Ops that
+        read it allocate outputs of the view's size; ``x`` must stay alive through another use
+        (the simulator does not tie a view's lifetime to its base)."""
+        return Tensor(int(x.nbytes * factor) // x.itemsize * x.itemsize, x.itemsize, x.grad,
+                      external=True)
 
     def copy(self, x: Tensor, factor: float) -> Tensor:
         y = self.new(int(x.nbytes // x.itemsize * factor), x.itemsize, x.grad)

@@ -51,6 +51,10 @@ def _llama_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: int
     qk_norm = any("q_norm" in n for n in names)
 
     y = x if post_only else b.rmsnorm(x, h, gemma=gemma)
+    if a.kind == "mla":
+        return _llama_rest(b, x, _mla_attention(b, y, h, cfg, heads, attention=attention,
+                                                mask=mask, selective=selective),
+                           h, ffn, tp, gemma=gemma, sandwich=sandwich, post_only=post_only)
     q = b.linear(y, h, heads * d, bias=any("q_proj.bias" in n for n in names), role=("q",))
     k = b.linear(y, h, kv * d, bias=any("k_proj.bias" in n for n in names), role=("k",))
     v = b.linear(y, h, kv * d, bias=any("v_proj.bias" in n for n in names), role=("v",))
@@ -66,6 +70,13 @@ def _llama_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: int
         else:
             o = b.sdpa(q, k, v, heads)
     o = b.linear(o, heads * d, h, role=("o",))
+    return _llama_rest(b, x, o, h, ffn, tp, gemma=gemma, sandwich=sandwich, post_only=post_only)
+
+
+def _llama_rest(b: Blocks, x: Tensor, o: Tensor, h: int, ffn: Any, tp: int, *, gemma: bool,
+                sandwich: bool, post_only: bool) -> Tensor:
+    """A Llama-style layer after the attention output projection ``o``: (post-norm), residual,
+    norm, MLP or MoE, (post-norm), residual."""
     if sandwich or post_only:
         o = b.rmsnorm(o, h, gemma=gemma)
     r = b.add(x, o)
@@ -81,6 +92,56 @@ def _llama_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: int
     if sandwich or post_only:
         m = b.rmsnorm(m, h, gemma=gemma)
     return b.add(r, m)
+
+
+def _mla_attention(b: Blocks, y: Tensor, h: int, cfg: Mapping[str, Any], heads: int, *,
+                   attention: str, mask: Tensor | None, selective: bool) -> Tensor:
+    """DeepSeek-V2/V3 multi-head latent attention as transformers 5 writes it
+    (``DeepseekV3Attention``): q through the ``q_lora_rank`` bottleneck (``q_a_proj``, norm,
+    ``q_b_proj``) or ``q_proj``; ``kv_a_proj_with_mqa`` to the latent plus one shared rope key;
+    latent norm; rope on the rope parts (views of q and of the latent output); ``cat`` of q;
+    ``kv_b_proj`` to per-head k_nope and v (v stays a view of it); k assembled into a new tensor
+    (``new_empty`` + ``copy_``); attention; output projection (returned)."""
+    nope, rope = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"])
+    vd, kvr, qr = int(cfg["v_head_dim"]), int(cfg["kv_lora_rank"]), cfg.get("q_lora_rank")
+    dq = nope + rope
+    if qr:
+        q = b.linear(b.rmsnorm(b.linear(y, h, int(qr), role=("q",)), int(qr)), int(qr),
+                     heads * dq, role=("q",))
+    else:
+        q = b.linear(y, h, heads * dq, role=("q",))
+    ckv = b.linear(y, h, kvr + rope, role=("k", "v"))
+    latent = b.rmsnorm(b.view(ckv, kvr / (kvr + rope)), kvr)
+    q_rot = b.rope(b.view(q, rope / dq))
+    k_rot = b.rope(b.view(ckv, rope / (kvr + rope)))
+    q = b.cat([q, q_rot], heads * dq)
+    kv = b.linear(latent, kvr, heads * (nope + vd), role=("k", "v"))
+    k = b.cat([kv, k_rot], heads * dq)
+    v = kv
+    t = b.c.tokens
+    with b.g.checkpoint(selective):
+        math = attention == "sdpa" and b.c.cpu and vd != dq
+        if math:  # CPU SDPA's fused kernel needs one head dim for q, k and v: the math path
+            # runs on copies (scaled q, k, v), materialising the probabilities
+            if b.c.amp:
+                q, k, v = (b.cast(b.cast(x, b.c.half), 4) for x in (q, k, v))
+            q, k = b.copy(q, 1.0), b.copy(k, 1.0)
+            v = b.copy(b.view(kv, vd / (nope + vd)), 1.0)
+            o = b.eager(q, k, v, heads, heads, mask=mask, autocast=False, upcast_input=False,
+                        out_numel=t * heads * vd)
+            if b.c.amp:
+                o = b.cast(o, b.c.half)
+        elif attention == "eager":
+            o = b.eager(q, k, v, heads, heads, dropout=_num(cfg, "attention_dropout"), mask=mask,
+                        out_numel=t * heads * vd)
+        else:
+            pad = attention == "flash" and vd != dq
+            if pad:  # flash_attention_2 pads v to the q/k head dim, the output is sliced back
+                v = b.copy(b.view(kv, vd / (nope + vd)), dq / vd)
+            o = b.sdpa(q, k, v, heads, out_numel=t * heads * (dq if pad else vd))
+            if pad:
+                o = b.copy(o, vd / dq)
+    return b.linear(o, heads * vd, h, role=("o",))
 
 
 def _moe(b: Blocks, y: Tensor, h: int, ffn: Any, tp: int) -> Tensor:
@@ -130,11 +191,12 @@ def _qkv_attention(b: Blocks, y: Tensor, h: int, heads: int, d: int, *, attentio
         k = b.linear(y, h, heads * d, bias=True, role=("k",))
         v = b.linear(y, h, heads * d, bias=True, role=("v",))
     with b.g.checkpoint(selective):
-        if attention == "sdpa" and not (dropout > 0 and c.cpu):
+        fused = attention in ("sdpa", "flash")
+        if fused and not (dropout > 0 and c.cpu):
             o = b.sdpa(q, k, v, heads)
             o = b.copy(o, 1.0) if neox else o
         else:  # eager, or CPU sdpa with dropout: the math path materialises the scores
-            math = attention == "sdpa" and not neox
+            math = fused and not neox
             if math:  # CPU math sdpa: autocast casts q, k, v to 16 bits, the math kernel computes
                 # in fp32 on copies (scaled q, k and v), output cast back
                 if c.amp:
@@ -222,13 +284,14 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
     else:  # activations received from the previous stage
         x = b.new(ctx.tokens * h, ctx.half if not ctx.amp else ctx.act, True)
         g.op([], (x,))
-    if mt not in ("gpt2", "bert") and any(ly.attention and ly.attention.kind != "mla"
-                                          for ly in spec.layers):
-        # rotary cos/sin tables (1 x S x head_dim each), computed once per forward, saved by
+    if mt not in ("gpt2", "bert") and any(ly.attention for ly in spec.layers):
+        # rotary cos/sin tables (1 x S x rotary dims each), computed once per forward, saved by
         # every layer's rope muls until the backward ends
         d = spec.layers[0].attention.head_dim if spec.layers[0].attention else 0
         if mt == "gpt_neox":
             d = int(d * _rotary_fraction(cfg))
+        elif cfg.get("qk_rope_head_dim"):  # MLA: only the decoupled rope part rotates
+            d = int(cfg["qk_rope_head_dim"])
         cos = b.new(ctx.seq * d, ctx.act if ctx.amp or ctx.act == 4 else ctx.half, grad=False)
         sin = b.new(ctx.seq * d, cos.itemsize, grad=False)
         g.op([], (cos, sin), [cos, sin])
