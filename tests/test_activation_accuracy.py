@@ -124,3 +124,41 @@ def test_flash_keeps_no_score_matrix_like_sdpa(model):
                          get_device("A100-80GB"), search_micro_batch=False).worst
              .peak_allocated_bytes for a in ("eager", "sdpa", "flash")}
     assert peaks["flash"] == peaks["sdpa"] < peaks["eager"]
+
+
+def _chunked_ce(model, batch):
+    """torchtune's recipe: output projection per sequence chunk, fp32 upcast and
+    cross-entropy per chunk, summed; the 16-bit chunk logits are dropped before the backward."""
+    hidden = model.model(input_ids=batch["input_ids"]).last_hidden_state
+    logits = [model.lm_head(c) for c in hidden.chunk(8, dim=1)]
+    labels = batch["labels"].chunk(8, dim=1)
+    n = batch["labels"].numel()
+    loss = sum(torch.nn.functional.cross_entropy(lg.float().flatten(0, 1), lb.flatten(),
+                                                 reduction="sum") for lg, lb in zip(logits, labels))
+    del logits
+    return loss / n
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-autocast"])
+def test_chunked_cross_entropy_against_a_real_run(precision):
+    """loss='chunked' vs a real step with torchtune-style chunked cross-entropy (measured
+    2026-11-21: -1.3% fp32, -1.4% bf16 autocast, steady step); and it must cost less than
+    the HF loss."""
+    from memplan.measure import measure_step
+
+    cfg_cls, model_cls, kw = tiny._configs()["llama"]
+    torch.manual_seed(0)
+    model = model_cls(cfg_cls(**kw, attn_implementation="sdpa"))
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, tiny.VOCAB, (4, 128))
+    measured = measure_step(model, {"input_ids": ids, "labels": ids.clone()}, opt,
+                            autocast_dtype=torch.bfloat16 if precision != "fp32" else None,
+                            loss_fn=_chunked_ce, steps=2)
+    recipe = Recipe(precision=PRECISION[precision], micro_batch=4, seq_len=128, device="cpu",
+                    loss="chunked")
+    rank = estimate(_spec("llama", "sdpa"), recipe, cpu_device(24 << 30)).ranks[0]
+    assert _err(rank.steady_peak_allocated_bytes, measured[1].peak_bytes) <= 5.0, (
+        rank.steady_peak_allocated_bytes, measured[1].peak_bytes)
+    standard = _estimate("llama", 4, 128, precision, "sdpa", False)
+    assert rank.steady_peak_allocated_bytes < standard.steady_peak_allocated_bytes

@@ -86,9 +86,13 @@ _RECIPE_OPTIONS: list[tuple[str, type, str]] = [
     ("grad_accum", int, "Gradient accumulation steps. [default: 1]"),
     ("checkpointing", str, "none | selective | full. [default: none]"),
     ("attention", str, "eager | sdpa | flash. [default: sdpa]"),
+    ("loss", str, "Cross-entropy: standard | chunked (torchtune, 8 chunks) | fused (Liger, no "
+                  "logits). [default: standard]"),
     ("zero", int, "ZeRO stage 0-3 (FSDP full shard = 3). [default: 0]"),
     ("tp", int, "Tensor-parallel degree. [default: 1]"),
     ("pp", int, "Pipeline-parallel stages. [default: 1]"),
+    ("pp_virtual", int, "Model chunks per pipeline rank; > 1 is the interleaved 1F1B schedule. "
+                        "[default: 1]"),
     ("cp", int, "Context-parallel degree. [default: 1]"),
     ("ep", int, "Expert-parallel degree. [default: 1]"),
     ("offload", str, "none | optimizer | params+optimizer | nvme. [default: none]"),

@@ -24,6 +24,7 @@ METHODS = ("full", "lora", "qlora", "freeze")
 QUANTS = ("none", "nf4", "nf4-dq", "int8")
 CHECKPOINTING = ("none", "selective", "full")
 ATTENTION = ("eager", "sdpa", "flash")
+LOSSES = ("standard", "chunked", "fused")
 OFFLOADS = ("none", "optimizer", "params+optimizer", "nvme")
 DEVICES = ("cuda", "cpu")
 ADAPTER_DTYPES = ("fp32", "bf16", "fp16")
@@ -65,6 +66,11 @@ class Recipe:
     """Activation checkpointing: ``none``, ``selective`` (attention recomputed), ``full`` (per layer)."""
     attention: str = "sdpa"
     """Attention kernel: ``eager`` (materialises scores), ``sdpa``, ``flash``."""
+    loss: str = "standard"
+    """Cross-entropy of causal LMs: ``standard`` (HF ``ForCausalLMLoss``: full fp32 logits),
+    ``chunked`` (torchtune ``CEWithChunkedOutputLoss``: output projection and fp32 upcast in 8
+    sequence chunks), ``fused`` (Liger ``LigerFusedLinearCrossEntropyLoss``: logits never
+    materialised, gradients computed in the forward)."""
     gpus: int = 1
     """GPUs in the job (world size)."""
     gpus_per_node: int = 0
@@ -78,6 +84,10 @@ class Recipe:
     """Tensor-parallel degree (Megatron column/row splits; must divide attention and kv heads)."""
     pp: int = 1
     """Pipeline-parallel stages."""
+    pp_virtual: int = 1
+    """Model chunks per pipeline rank (Megatron ``--num-layers-per-virtual-pipeline-stage``):
+    1 is the plain 1F1B schedule, more is the interleaved schedule (smaller bubble, more
+    activations in flight)."""
     cp: int = 1
     """Context-parallel degree (sequence split across ranks for attention)."""
     ep: int = 1
@@ -104,12 +114,13 @@ class Recipe:
         p.choice("quant", self.quant, QUANTS)
         p.choice("checkpointing", self.checkpointing, CHECKPOINTING)
         p.choice("attention", self.attention, ATTENTION)
+        p.choice("loss", self.loss, LOSSES)
         p.choice("offload", self.offload, OFFLOADS)
         p.choice("device", self.device, DEVICES)
         p.choice("adapter_dtype", self.adapter_dtype, ADAPTER_DTYPES)
         p.choice("grad_dtype", self.grad_dtype, GRAD_DTYPES)
         for name in ("lora_rank", "micro_batch", "seq_len", "grad_accum", "gpus", "tp", "pp",
-                     "cp", "ep", "freeze_trainable_layers"):
+                     "pp_virtual", "cp", "ep", "freeze_trainable_layers"):
             p.positive(name, getattr(self, name))
         for t in self.lora_targets:
             if t not in LORA_TARGETS:
@@ -148,6 +159,9 @@ class Recipe:
             elif self.hybrid_shard < 1 or self.dp % self.hybrid_shard:
                 p.add(f"hybrid_shard={self.hybrid_shard} must divide the data-parallel size "
                       f"dp={self.dp}.")
+        if self.pp_virtual > 1 and self.pp == 1:
+            p.add(f"pp_virtual={self.pp_virtual} needs pipeline parallelism (pp > 1): the "
+                  "interleaved schedule splits each pipeline rank's layers into chunks.")
         if self.offload == "optimizer" and self.zero == 0:
             p.add("offload=optimizer needs zero>=1 (ZeRO-Offload partitions the optimizer "
                   "before moving it to the host). Set zero to 1, 2 or 3.")

@@ -41,8 +41,8 @@ def _role(stage: Stage, recipe: Recipe) -> str:
 
 def _trainable(model: ModelSpec, recipe: Recipe) -> int:
     """Trainable parameters of the whole model (adapters for LoRA), counted once."""
-    whole = replace(recipe, tp=1, pp=1, ep=1, cp=1, gpus=1, gpus_per_node=0, zero=0,
-                    hybrid_shard=0, offload="none")
+    whole = replace(recipe, tp=1, pp=1, pp_virtual=1, ep=1, cp=1, gpus=1, gpus_per_node=0,
+                    zero=0, hybrid_shard=0, offload="none")
     return sum(h.numel for h in layout(model, whole)[0].held if h.trainable)
 
 
@@ -59,7 +59,8 @@ def _instants(model: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> lis
     """The activation timeline of one micro-batch, plus the saved activations of the other
     micro-batches a pipeline stage holds in flight (1F1B: stage i holds pp - i)."""
     points, grad_total = stage_points(model, stage, recipe, dt)
-    inflight = recipe.pp - stage.index
+    inflight = inflight_microbatches(recipe.pp, stage.index, recipe.pp_virtual,
+                                     recipe.grad_accum)
     fwd_end = max((p.saved for p in points if p.phase == "forward"), default=0)
     produced = 0
     out = []
@@ -71,16 +72,36 @@ def _instants(model: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> lis
                       bytes=p.temp, formula="live non-saved tensors at this op "
                       "(estimate/activations/graph.py)")]
         if inflight > 1:
+            more = f"{inflight - 1:g}"
             items.append(Item(category=Category.ACTIVATIONS,
-                              name=f"{inflight - 1} more micro-batches in flight (1F1B)",
-                              bytes=(inflight - 1) * fwd_end,
+                              name=f"{more} more micro-batches in flight "
+                              f"({'interleaved ' if recipe.pp_virtual > 1 else ''}1F1B)",
+                              bytes=int((inflight - 1) * fwd_end),
                               formula="1F1B: stage i holds pp - i micro-batches' activations "
-                              "(Narayanan et al. 2021, §2.2)"))
+                              "(Narayanan et al. 2021, §2.2); interleaved: Megatron-Core "
+                              "warm-up chunks, see inflight_microbatches"))
         if phase == Phase.BACKWARD:
             produced = p.grads
         out.append(Instant(phase, f"{p.phase}: {p.region}", tuple(items),
                            progress=min(1.0, produced / grad_total) if grad_total else 1.0))
     return out
+
+
+def inflight_microbatches(pp: int, stage: int, virtual: int, microbatches: int) -> float:
+    """Micro-batches whose activations pipeline rank ``stage`` holds at its peak, in units of
+    the rank's whole layer stack.
+
+    1F1B (Narayanan et al. 2021, §2.2): ``pp - stage`` (warm-up forwards plus the one in
+    progress), at most the step's micro-batches. Interleaved, ``virtual`` chunks per rank
+    (Megatron-Core ``schedules.py``, ``forward_backward_pipelining_with_interleaving``):
+    ``(pp - stage - 1) * 2 + (virtual - 1) * pp`` warm-up chunk forwards plus one, each chunk
+    ``1 / virtual`` of the rank's layers; for stage 0 this is ``pp * (1 + (pp - 1) / (pp *
+    virtual))`` micro-batches, the factor of Korthikanti et al. 2022 (arXiv 2205.05198, §4.2.3).
+    """
+    if virtual <= 1:
+        return float(min(pp - stage, microbatches))
+    chunks = min((pp - stage - 1) * 2 + (virtual - 1) * pp + 1, microbatches * virtual)
+    return chunks / virtual
 
 
 def _ranks(model: ModelSpec, recipe: Recipe, device: Device) -> tuple[RankBreakdown, ...]:

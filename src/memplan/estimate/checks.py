@@ -24,6 +24,11 @@ def check_compatible(model: ModelSpec, recipe: Recipe) -> None:
             p.add(f"tp={recipe.tp} and the {kv} key/value heads of {model.id} do not divide "
                   "either way (kv heads are split when tp divides them, replicated when they "
                   "divide tp). Choose tp as a divisor or multiple of the kv heads.")
+    if recipe.pp_virtual > 1 and model.num_layers % (recipe.pp * recipe.pp_virtual):
+        p.add(f"pp_virtual={recipe.pp_virtual}: the {model.num_layers} layers of {model.id} do "
+              f"not split into pp x pp_virtual = {recipe.pp * recipe.pp_virtual} equal chunks "
+              "(Megatron requires it). Choose pp_virtual so that pp x pp_virtual divides the "
+              "layers.")
     if recipe.pp > max(1, model.num_layers):
         p.add(f"pp={recipe.pp} is larger than the {model.num_layers} layers of {model.id}; "
               f"every pipeline stage needs at least one layer. Use pp <= {model.num_layers}.")

@@ -35,7 +35,6 @@ regions are seen as their ATen ops only when they run eagerly.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time

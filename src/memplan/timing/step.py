@@ -197,7 +197,8 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     over[cp_link.name] = over.get(cp_link.name, 0.0) + t_cp
     fwd_bwd = max([critical, *over.values()])
     excess_name = max(over, key=lambda k: over[k])
-    bubble = (pp - 1) / m * critical if pp > 1 else 0.0
+    v = recipe.pp_virtual
+    bubble = (pp - 1) / (m * v) * critical if pp > 1 else 0.0  # Narayanan et al. 2021 §2.2
     opt_serial = max(cpu, nvme_opt)
     step = fwd_bwd + bubble + opt_serial + pcie_serial
 
@@ -231,7 +232,8 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
         "nvme": "ZeRO-Infinity swaps (optimizer swaps overlap the CPU step)",
         "cpu": "CPU optimizer step (serial: the GPU waits)",
         "data": "on-the-fly tokenisation (overlapped via prefetch)",
-        "pipeline bubble": f"(pp - 1) / micro-batches = {pp - 1}/{m} of the critical path",
+        "pipeline bubble": f"(pp - 1) / (micro-batches x pp_virtual) = {pp - 1}/{m * v} of "
+                           "the critical path",
     }
     resources = tuple(ResourceTime(name=k, seconds=busy_s[k], exposed_seconds=exposed[k],
                                    detail=details[k])

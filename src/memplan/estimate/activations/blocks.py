@@ -11,6 +11,8 @@ copy that the matmul saves; weights are cast once per forward and cached until a
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from .graph import Graph, Tensor
@@ -39,6 +41,8 @@ class Ctx:
     ``down``)."""
     adapter: int = 4
     """Bytes per element of the adapter weights (PEFT keeps them in fp32 by default)."""
+    loss: str = "standard"
+    """Cross-entropy implementation (``Recipe.loss``)."""
     train_act: int = 4
     """Bytes per element of trained parameters where they differ from frozen ones (``method =
     freeze`` under autocast: trained layers fp32, frozen ones 16-bit)."""
@@ -297,6 +301,57 @@ class Blocks:
         return y
 
     # -- loss --------------------------------------------------------------------------------------
+    def chunked_lm_loss(self, x: Tensor, h: int, vocab: int, *, trained: bool,
+                        chunks: int = 8) -> None:
+        """torchtune ``CEWithChunkedOutputLoss`` with the model's chunked output projection
+        (``num_output_chunks = 8``): the final hidden state is split along the sequence (views),
+        each chunk projected to the vocabulary (``mm`` saves the shared input; under autocast
+        the weight is cast once, cached), upcast to fp32 and reduced by ``cross_entropy``
+        (``log_softmax`` saves its fp32 output); the chunk losses are summed. The recipe drops
+        the 16-bit chunk logits before the backward. The weight gradient is produced once, by
+        the first chunk the backward reaches (the last one)."""
+        c = self.c
+        t = c.tokens
+        tc = -(-t // chunks)
+        xin = self.cast(x, c.half) if c.amp else x
+        w, pg = self._weight(h * vocab, trained)
+        labels = self.new(t, 8, grad=False)
+        self.g.op([], (labels,), [labels])
+        total: Tensor | None = None
+        for i in range(chunks):
+            y = self.new(tc * vocab, c.half if c.amp else c.act, grad=trained or x.grad,
+                         keep=True)
+            saves = ([xin] if trained else []) + ([w] if w is not None and xin.grad else [])
+            self.g.op([xin] + ([w] if w is not None else []), (y,), saves, grads=(xin,),
+                      params=pg if i == chunks - 1 else ())
+            lsm = self.new(tc * vocab, 4)
+            self.g.op([self.cast(y, 4)], (lsm,), [lsm])
+            part = self.new(1, 4)
+            self.g.op([lsm, labels], (part,), [])
+            total = part if total is None else self.add(total, part)
+
+    def fused_lm_loss(self, x: Tensor, h: int, vocab: int, *, trained: bool) -> None:
+        """Liger-Kernel ``LigerFusedLinearCrossEntropyLoss`` (``fused_linear_cross_entropy.py``):
+        the forward walks the tokens in chunks of ``next_pow2(ceil(BT / ceil(V / H)))``, makes
+        each chunk's logits (input dtype) and their fp32 softmax gradient, writes the input
+        gradient into a stored B x S x H buffer and accumulates the weight gradient into a
+        stored V x H buffer; the backward only scales them. No B x S x V tensor exists."""
+        c = self.c
+        t = c.tokens
+        xin = self.cast(x, c.half) if c.amp else x
+        chunk = min(t, 1 << max(0, math.ceil(math.log2(max(1, -(-t // -(-vocab // h)))))))
+        grad_in = self.new(t * h, xin.itemsize, grad=False)
+        grad_w = self.new(vocab * h, c.act, grad=False) if trained else None
+        stored = [grad_in] + ([grad_w] if grad_w is not None else [])
+        self.g.op([xin], tuple(stored), stored)
+        logits = self.new(chunk * vocab, xin.itemsize, grad=False)
+        self.g.op([xin], (logits,))
+        dlogits = self.new(chunk * vocab, 4, grad=False)
+        self.g.op([logits], (dlogits,))
+        loss = self.new(1, 4)
+        self.g.op([xin, dlogits] + stored, (loss,), [],
+                  params=((vocab * h * c.act, 0),) if trained else ())
+
     def causal_lm_loss(self, logits: Tensor, vocab: int, *, softcap: bool = False,
                        shift: bool = True) -> None:
         """HF ``ForCausalLMLoss``: ``logits.float()``, a shifted int64 copy of the labels,

@@ -321,6 +321,13 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
             x = b.layernorm(x, h)
         else:
             x = b.rmsnorm(x, h, gemma=mt.startswith("gemma"))
+        if ctx.loss != "standard" and mt != "bert":
+            g.region = "loss"
+            if ctx.loss == "chunked":
+                b.chunked_lm_loss(x, h, V // tp, trained=ctx.trained)
+            else:
+                b.fused_lm_loss(x, h, V // tp, trained=ctx.trained)
+            return g
         logits = b.linear(x, h, V // tp, trained=ctx.trained, bias=mt == "bert")
         g.region = "loss"
         b.causal_lm_loss(logits, V // tp, softcap=bool(cfg.get("final_logit_softcapping")),

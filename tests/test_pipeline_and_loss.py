@@ -1,0 +1,59 @@
+"""Interleaved pipeline schedules and the cross-entropy options (issue #3, items 1 and 2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from memplan import Recipe, estimate, load_model
+from memplan.errors import ConfigError
+from memplan.estimate import inflight_microbatches
+from memplan.hardware import get_device
+
+H100 = get_device("H100-80GB")
+LLAMA8B = load_model("meta-llama/Llama-3.1-8B")
+
+
+@pytest.mark.parametrize("pp,v", [(4, 2), (4, 4), (8, 3), (2, 5)])
+def test_interleaved_first_stage_matches_korthikanti(pp, v):
+    """Stage 0 of the interleaved schedule holds pp x (1 + (pp - 1) / (pp x v)) micro-batches
+    (arXiv 2205.05198 §4.2.3), given enough micro-batches."""
+    assert inflight_microbatches(pp, 0, v, 64) == pytest.approx(pp * (1 + (pp - 1) / (pp * v)))
+
+
+def test_plain_1f1b_and_few_microbatches():
+    assert [inflight_microbatches(4, s, 1, 8) for s in range(4)] == [4, 3, 2, 1]
+    assert inflight_microbatches(4, 0, 1, 2) == 2  # only 2 micro-batches in the step
+    assert inflight_microbatches(4, 0, 2, 1) == 1  # one micro-batch: 2 chunks, 1 micro-batch
+
+
+def test_interleaving_costs_memory_and_saves_bubble():
+    def run(v):
+        return estimate(LLAMA8B, Recipe(gpus=4, pp=4, pp_virtual=v, grad_accum=8, seq_len=4096),
+                        H100, search_micro_batch=False)
+    plain, inter = run(1), run(2)
+    assert inter.ranks[0].peak_allocated_bytes > plain.ranks[0].peak_allocated_bytes
+    names = [i.name for i in inter.ranks[0].items]
+    assert "4.5 more micro-batches in flight (interleaved 1F1B)" in names
+
+
+def test_interleaving_needs_pipeline_and_whole_chunks():
+    with pytest.raises(ConfigError, match="pp > 1"):
+        Recipe(pp_virtual=2)
+    with pytest.raises(ConfigError, match="pp x pp_virtual"):
+        estimate(LLAMA8B, Recipe(gpus=4, pp=4, pp_virtual=3), H100)  # 32 layers, 12 chunks
+
+
+def test_loss_options_order_and_fused_has_no_vocab_sized_tensor():
+    """Llama-3.2-1B, 2 x 4096 tokens, vocab 128,256: one fp32 B x S x V tensor is 3.9 GiB.
+    The fused loss keeps none, chunked keeps the fp32 log-probabilities, standard more."""
+    spec = load_model("meta-llama/Llama-3.2-1B")
+    peak = {loss: estimate(spec, Recipe(micro_batch=2, seq_len=4096, loss=loss), H100,
+                           search_micro_batch=False).worst for loss in ("standard", "chunked",
+                                                                          "fused")}
+    assert (peak["fused"].peak_allocated_bytes < peak["chunked"].peak_allocated_bytes
+            < peak["standard"].peak_allocated_bytes)
+    vocab_tensor = 2 * 4096 * spec.vocab_size * 4
+    assert (peak["standard"].peak_allocated_bytes - peak["fused"].peak_allocated_bytes
+            > 2 * vocab_tensor)
+    with pytest.raises(ConfigError, match="loss"):
+        Recipe(loss="liger")
