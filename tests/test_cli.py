@@ -155,3 +155,12 @@ def test_ambiguous_gpu_lists_the_sizes():
     r = _run("estimate", "gpt2", "--gpu", "A100")
     assert r.exit_code == 2
     assert "'A100-40GB'" in r.output and "'A100-80GB'" in r.output
+
+
+def test_nodes_lists_the_presets_for_node():
+    r = _run("nodes", "--format", "json")
+    assert r.exit_code == 0
+    rows = {row["name"]: row for row in json.loads(r.stdout)}
+    assert rows["DGX-H100"]["gpus"] == 8 and rows["DGX-H100"]["host_ram_gib"] == 2048
+    assert all(row["source"] for row in rows.values())
+    assert "DGX-H100" in _run("nodes").stdout

@@ -190,7 +190,11 @@ def _show(result: Any, format: str) -> None:
 
 
 def _quiet_transformers() -> None:
-    """transformers logs config warnings on stderr; the CLI shows only its own output."""
+    """transformers logs config warnings and deprecation notices (``gradient_checkpointing_*``
+    in 5.x) on stderr; the CLI shows only its own output."""
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
     try:
         import transformers
 
@@ -284,6 +288,26 @@ def gpus(format: Annotated[str, Opt("--format", help="table | json.")] = "table"
         from .report import render_devices
 
         Console().print(render_devices(rows))
+
+
+@app.command()
+def nodes(format: Annotated[str, Opt("--format", help="table | json.")] = "table") -> None:
+    """List the node presets for --node (GPUs, host RAM, CPU, PCIe, NVMe, network, sources)."""
+    _check_format(format)
+    from dataclasses import asdict
+
+    from .hardware.nodes import nodes as catalog
+
+    rows = [{**asdict(n), "aliases": list(n.aliases)}
+            for n in _guard(lambda: list(catalog().values()))]
+    if format == "json":
+        _emit_json(rows)
+    else:
+        from rich.console import Console
+
+        from .report import render_nodes
+
+        Console().print(render_nodes(rows))
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

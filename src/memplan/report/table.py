@@ -139,6 +139,24 @@ def render_models(rows: list[dict[str, Any]]) -> Table:
     return t
 
 
+def render_nodes(rows: list[dict[str, Any]]) -> Table:
+    t = Table(title="memplan node catalog (--node)", title_justify="left")
+    for col, just in (("name", "left"), ("GPUs", "right"), ("host RAM", "right"),
+                      ("CPU cores", "right"), ("PCIe", "right"), ("NVMe", "right"),
+                      ("network/GPU", "right"), ("aliases", "left")):
+        t.add_column(col, justify=just, no_wrap=col == "name")  # type: ignore[arg-type]
+
+    def opt(v: Any, unit: str = "") -> str:
+        return "?" if v is None else f"{v:g}{unit}"
+
+    for r in rows:
+        t.add_row(r["name"], f"{r['gpus']} x {r['gpu']}", opt(r["host_ram_gib"], " GiB"),
+                  opt(r["cpu_cores"]), opt(r["pcie_gen"]),
+                  opt(r["nvme_tb"], " TB"), opt(r["network_gbit_per_gpu"], " Gb/s"),
+                  ", ".join(r["aliases"]))
+    return t
+
+
 def render_devices(rows: list[dict[str, Any]]) -> Table:
     t = Table(title="memplan GPU catalog", title_justify="left")
     for col, just in (("name", "left"), ("memory", "right"), ("HBM GB/s", "right"),
