@@ -219,14 +219,7 @@ class Recipe:
     @classmethod
     def from_toml(cls, path: str | Path) -> Recipe:
         """Read a recipe TOML; malformed TOML names the file, line and what was expected."""
-        path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text())
-        except OSError as e:
-            raise ModelConfigError(f"cannot read recipe {path}: {e.strerror}.") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ModelConfigError(f"{path}: malformed TOML: {e}. Expected `key = value` lines "
-                                   "with the recipe's field names.") from None
+        data = read_recipe_toml(path)
         data.pop("host", None)  # the [host] table is memplan.host.HostSetup's (issue #5)
         return cls.from_dict(data, where=str(path))
 
@@ -236,6 +229,19 @@ class Recipe:
         d["notes"] = list(self.notes)
         d["dp"] = self.dp
         return d
+
+
+def read_recipe_toml(path: str | Path) -> dict[str, Any]:
+    """The contents of a recipe TOML (the recipe's keys and its optional ``[host]`` table);
+    unreadable or malformed files name the file, line and what was expected."""
+    path = Path(path)
+    try:
+        return tomllib.loads(path.read_text())
+    except OSError as e:
+        raise ModelConfigError(f"cannot read recipe {path}: {e.strerror}.") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ModelConfigError(f"{path}: malformed TOML: {e}. Expected `key = value` lines "
+                               "with the recipe's field names.") from None
 
 
 def _as_tuple(value: Any) -> tuple[str, ...]:

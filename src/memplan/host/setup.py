@@ -7,12 +7,12 @@ CLI flags ``--load``, ``--workers`` and ``--prefetch`` override it.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from ..errors import ModelConfigError, Problems, did_you_mean
+from ..recipe import read_recipe_toml
 
 __all__ = ["HostSetup", "LOAD_MODES", "DATASETS", "CHECKPOINTS"]
 
@@ -113,14 +113,7 @@ class HostSetup:
     @classmethod
     def from_toml(cls, path: str | Path) -> HostSetup:
         """The ``[host]`` table of a recipe TOML (defaults when the file has none)."""
-        path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text())
-        except OSError as e:
-            raise ModelConfigError(f"cannot read recipe {path}: {e.strerror}.") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ModelConfigError(f"{path}: malformed TOML: {e}.") from None
-        table = data.get("host", {})
+        table = read_recipe_toml(path).get("host", {})
         if not isinstance(table, dict):
             raise ModelConfigError(f"{path}: 'host' must be a table ([host]), got {table!r}.")
         return cls.from_dict(table, where=f"{path} [host]")

@@ -244,26 +244,6 @@ def _optimizer(torch: Any, name: str, params: list[Any]) -> Any:
     return torch.optim.Adafactor(params, lr=1e-2)
 
 
-def _materialize(model: Any, device: str, torch: Any) -> None:
-    """Replace the meta parameters and buffers of ``model`` by empty tensors on ``device`` (fake
-    ones under ``FakeTensorMode``), keeping tied tensors tied and ``requires_grad``."""
-    def empty(t: Any) -> Any:
-        return torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device=device)
-
-    new: dict[int, Any] = {}
-    for module in model.modules():
-        for name, p in list(module._parameters.items()):
-            if p is not None:
-                if id(p) not in new:
-                    new[id(p)] = torch.nn.Parameter(empty(p), requires_grad=p.requires_grad)
-                module._parameters[name] = new[id(p)]
-        for name, b in list(module._buffers.items()):
-            if b is not None:
-                if id(b) not in new:
-                    new[id(b)] = empty(b)
-                module._buffers[name] = new[id(b)]
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Built:
     """A module with the recipe applied, before its batch and optimizer exist."""
