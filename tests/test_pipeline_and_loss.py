@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from memplan import Recipe, estimate, load_model
+from memplan import Category, Recipe, estimate, load_model
+from memplan.breakdown import Phase, Step
 from memplan.errors import ConfigError
 from memplan.estimate import inflight_microbatches
 from memplan.hardware import get_device
@@ -57,3 +60,24 @@ def test_loss_options_order_and_fused_has_no_vocab_sized_tensor():
             > 2 * vocab_tensor)
     with pytest.raises(ConfigError, match="loss"):
         Recipe(loss="liger")
+
+
+def _saved_per_layer(model: str, recipe: Recipe) -> int:
+    rank = estimate(load_model(model), recipe, H100, search_micro_batch=False).ranks[0]
+    fwd = [m.categories()[Category.ACTIVATIONS] for m in rank.moments
+           if m.step is Step.STEADY and m.phase is Phase.FORWARD]
+    return fwd[3] - fwd[2]  # what layer 1 adds to the saved activations
+
+
+def test_sequence_parallel_saves_what_korthikanti_says():
+    """Megatron sequence parallelism splits the replicated part of a GPT layer's activations
+    (LayerNorm inputs, dropout masks, residuals: 10 sbh bytes in 16-bit) over the t TP ranks,
+    so it saves sbh x 10 x (1 - 1/t) per layer (arXiv 2205.05198, Table 2: sbh(10 + 24/t) vs
+    sbh x 34/t). GPT-2 XL, t = 5, s = 1024, b = 1, h = 1600: 8 sbh."""
+    base = Recipe(gpus=5, tp=5, seq_len=1024, precision="bf16-true", attention="flash")
+    plain = _saved_per_layer("openai-community/gpt2-xl", base)
+    sp = _saved_per_layer("openai-community/gpt2-xl", replace(base, sequence_parallel=True))
+    sbh = 1024 * 1600
+    assert (plain - sp) / sbh == pytest.approx(10 * (1 - 1 / 5), rel=0.01)
+    with pytest.raises(ConfigError, match="tp > 1"):
+        Recipe(sequence_parallel=True)

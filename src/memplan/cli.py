@@ -90,6 +90,8 @@ _RECIPE_OPTIONS: list[tuple[str, type, str]] = [
                   "logits). [default: standard]"),
     ("zero", int, "ZeRO stage 0-3 (FSDP full shard = 3). [default: 0]"),
     ("tp", int, "Tensor-parallel degree. [default: 1]"),
+    ("sequence_parallel", bool, "Megatron sequence parallelism (needs tp > 1): norms, dropout "
+                                "and residuals split over the TP ranks. [default: off]"),
     ("pp", int, "Pipeline-parallel stages. [default: 1]"),
     ("pp_virtual", int, "Model chunks per pipeline rank; > 1 is the interleaved 1F1B schedule. "
                         "[default: 1]"),

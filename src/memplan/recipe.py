@@ -82,6 +82,10 @@ class Recipe:
     """FSDP hybrid shard / ZeRO++ hpZ: shard within groups of this many ranks (0 = all of DP)."""
     tp: int = 1
     """Tensor-parallel degree (Megatron column/row splits; must divide attention and kv heads)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism (``--sequence-parallel``): with tp > 1, norms, dropout and
+    residual activations are split over the TP ranks along the sequence (Korthikanti et al.
+    2022, arXiv 2205.05198, §4.2.2)."""
     pp: int = 1
     """Pipeline-parallel stages."""
     pp_virtual: int = 1
@@ -159,6 +163,11 @@ class Recipe:
             elif self.hybrid_shard < 1 or self.dp % self.hybrid_shard:
                 p.add(f"hybrid_shard={self.hybrid_shard} must divide the data-parallel size "
                       f"dp={self.dp}.")
+        if not isinstance(self.sequence_parallel, bool):
+            p.add(f"sequence_parallel={self.sequence_parallel!r} must be true or false.")
+        elif self.sequence_parallel and self.tp == 1:
+            p.add("sequence_parallel needs tensor parallelism (tp > 1): it splits the sequence "
+                  "over the TP ranks. Set tp or drop sequence_parallel.")
         if self.pp_virtual > 1 and self.pp == 1:
             p.add(f"pp_virtual={self.pp_virtual} needs pipeline parallelism (pp > 1): the "
                   "interleaved schedule splits each pipeline rank's layers into chunks.")

@@ -42,7 +42,7 @@ def _role(stage: Stage, recipe: Recipe) -> str:
 def _trainable(model: ModelSpec, recipe: Recipe) -> int:
     """Trainable parameters of the whole model (adapters for LoRA), counted once."""
     whole = replace(recipe, tp=1, pp=1, pp_virtual=1, ep=1, cp=1, gpus=1, gpus_per_node=0,
-                    zero=0, hybrid_shard=0, offload="none")
+                    zero=0, hybrid_shard=0, offload="none", sequence_parallel=False)
     return sum(h.numel for h in layout(model, whole)[0].held if h.trainable)
 
 

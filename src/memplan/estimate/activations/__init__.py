@@ -35,7 +35,8 @@ def _context(recipe: Recipe, dt: Dtypes) -> Ctx:
                lora_rank=recipe.lora_rank if lora else 0,
                lora_targets=frozenset(recipe.lora_targets) if lora else frozenset(),
                adapter=int(dtype_bytes(recipe.adapter_dtype)),
-               train_act=int(dtype_bytes(dt.param)), loss=recipe.loss)
+               train_act=int(dtype_bytes(dt.param)), loss=recipe.loss,
+               sp=recipe.tp if recipe.sequence_parallel else 1)
 
 
 def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> tuple[list[Point], int]:

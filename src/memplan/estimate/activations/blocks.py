@@ -43,6 +43,9 @@ class Ctx:
     """Bytes per element of the adapter weights (PEFT keeps them in fp32 by default)."""
     loss: str = "standard"
     """Cross-entropy implementation (``Recipe.loss``)."""
+    sp: int = 1
+    """Sequence-parallel degree (the TP degree under Megatron sequence parallelism, else 1):
+    the residual stream holds ``tokens / sp`` rows per rank."""
     train_act: int = 4
     """Bytes per element of trained parameters where they differ from frozen ones (``method =
     freeze`` under autocast: trained layers fp32, frozen ones 16-bit)."""
@@ -139,10 +142,23 @@ class Blocks:
         if bias and trained:
             pg = pg + ((n_out * c.act, 0),)
         adapted = not trained and c.lora_rank > 0 and bool(c.lora_targets.intersection(role))
+        mm_in = xin
+        if c.sp > 1 and tokens is None and xin.nbytes // xin.itemsize * c.sp == t * n_in:
+            # sequence parallel: all-gather the shard before the column-parallel matmul; the
+            # shard is what is saved (Megatron re-gathers it in the backward)
+            mm_in = self.new(t * n_in, xin.itemsize, xin.grad)
+            self.g.op([xin], (mm_in,))
         y = self.new(t * n_out, c.half if c.amp else c.act, grad=trained or x.grad or adapted)
         saves = ([xin] if trained else []) + ([w] if (w is not None and xin.grad) else [])
-        self.g.op([xin] + ([w] if w is not None else []), (y,), saves, grads=(xin,), params=pg)
-        return self._lora(x, y, n_in, n_out, t) if adapted else y
+        self.g.op([mm_in] + ([w] if w is not None else []), (y,), saves, grads=(mm_in,),
+                  params=pg)
+        y = self._lora(x, y, n_in, n_out, t) if adapted else y
+        if c.sp > 1 and tokens is None and role in (("o",), ("down",)):
+            # row-parallel output reduce-scattered back to this rank's sequence shard
+            rs = self.new(t // c.sp * n_out, y.itemsize, y.grad)
+            self.g.op([y], (rs,))
+            y = rs
+        return y
 
     def _lora(self, x: Tensor, y: Tensor, n_in: int, n_out: int, t: int) -> Tensor:
         """PEFT ``lora.Linear.forward`` (lora_dropout 0: ``nn.Identity``): ``x`` cast to the
@@ -210,7 +226,7 @@ class Blocks:
     def embedding(self, h: int, vocab: int) -> Tensor:
         c = self.c
         trained = c.trained
-        y = self.new(c.tokens * h, c.act, grad=trained)
+        y = self.new(c.tokens // c.sp * h, c.act, grad=trained)
         self.g.op([], (y,), params=((vocab * h * c.act, 0),) if trained else ())
         return y
 

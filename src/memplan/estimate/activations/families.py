@@ -149,9 +149,9 @@ def _moe(b: Blocks, y: Tensor, h: int, ffn: Any, tp: int) -> Tensor:
     fp32), top-k weights, each token's hidden state gathered per chosen expert (``index_select``
     copies, k per token), the expert MLPs on their tokens, weighted and scattered back."""
     c = b.c
-    t, k, e = c.tokens, max(1, ffn.top_k), ffn.num_experts
+    t, k, e = c.tokens // c.sp, max(1, ffn.top_k), ffn.num_experts  # local sequence shard
     f = ffn.intermediate_size // tp
-    logits = b.linear(y, h, e)
+    logits = b.linear(y, h, e, tokens=t)
     probs = b.new(t * e, 4, logits.grad)
     b.g.op([logits], (probs,), [probs])
     topw = b.new(t * k, 4, probs.grad)
@@ -276,13 +276,14 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
         if mt.startswith("gemma"):
             x = b.scale(x)
         if mt in ("gpt2", "bert"):  # + learned positions (+ token types), dropout
-            x = b.add(x, b.new(ctx.seq * h, ctx.act, grad=ctx.trained))
+            x = b.add(x, b.new(ctx.seq * h // ctx.sp, ctx.act, grad=ctx.trained))
             if mt == "bert":
-                x = b.layernorm(b.add(x, b.new(ctx.tokens * h, ctx.act, grad=ctx.trained)), h)
+                x = b.layernorm(b.add(x, b.new(ctx.tokens // ctx.sp * h, ctx.act,
+                                               grad=ctx.trained)), h)
             p = _num(cfg, "embd_pdrop" if mt == "gpt2" else "hidden_dropout_prob")
             x = b.dropout(x, p)
     else:  # activations received from the previous stage
-        x = b.new(ctx.tokens * h, ctx.half if not ctx.amp else ctx.act, True)
+        x = b.new(ctx.tokens // ctx.sp * h, ctx.half if not ctx.amp else ctx.act, True)
         g.op([], (x,))
     if mt not in ("gpt2", "bert") and any(ly.attention for ly in spec.layers):
         # rotary cos/sin tables (1 x S x rotary dims each), computed once per forward, saved by
