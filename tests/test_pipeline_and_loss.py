@@ -81,3 +81,16 @@ def test_sequence_parallel_saves_what_korthikanti_says():
     assert (plain - sp) / sbh == pytest.approx(10 * (1 - 1 / 5), rel=0.01)
     with pytest.raises(ConfigError, match="tp > 1"):
         Recipe(sequence_parallel=True)
+
+
+def test_moe_capacity_factor_pads_expert_inputs():
+    """Capacity 1.0 with balanced routing is the dropless size; 1.25 pads every expert to 25%
+    more rows than its share, so the expert activations grow."""
+    moe = load_model("Qwen/Qwen3-30B-A3B")
+
+    def peak(cf):
+        return estimate(moe, Recipe(gpus=8, ep=8, zero=1, seq_len=4096, moe_capacity_factor=cf),
+                        H100, search_micro_batch=False).worst.peak_allocated_bytes
+    assert peak(1.0) == peak(0.0) < peak(1.25)
+    with pytest.raises(ConfigError, match="moe_capacity_factor"):
+        Recipe(moe_capacity_factor=-1)

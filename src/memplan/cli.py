@@ -97,6 +97,8 @@ _RECIPE_OPTIONS: list[tuple[str, type, str]] = [
                         "[default: 1]"),
     ("cp", int, "Context-parallel degree. [default: 1]"),
     ("ep", int, "Expert-parallel degree. [default: 1]"),
+    ("moe_capacity_factor", float, "MoE capacity factor, inputs padded to it (0 = dropless). "
+                                   "[default: 0]"),
     ("offload", str, "none | optimizer | params+optimizer | nvme. [default: none]"),
     ("device", str, "cuda | cpu (cpu: no CUDA overheads, to compare with CPU runs). "
                     "[default: cuda]"),

@@ -94,6 +94,10 @@ class Recipe:
     activations in flight)."""
     cp: int = 1
     """Context-parallel degree (sequence split across ranks for attention)."""
+    moe_capacity_factor: float = 0.0
+    """MoE expert capacity as a multiple of the balanced share ``tokens x top_k / experts``,
+    inputs padded to it (GShard; Megatron ``--moe-expert-capacity-factor`` with
+    ``--moe-pad-expert-input-to-capacity``). 0: dropless, every routed token once."""
     ep: int = 1
     """Expert-parallel degree (MoE experts split across ranks)."""
     offload: str = "none"
@@ -163,6 +167,9 @@ class Recipe:
             elif self.hybrid_shard < 1 or self.dp % self.hybrid_shard:
                 p.add(f"hybrid_shard={self.hybrid_shard} must divide the data-parallel size "
                       f"dp={self.dp}.")
+        if not isinstance(self.moe_capacity_factor, (int, float)) or self.moe_capacity_factor < 0:
+            p.add(f"moe_capacity_factor={self.moe_capacity_factor!r} must be a number >= 0 "
+                  "(0 = dropless; 1.0-1.25 is usual).")
         if not isinstance(self.sequence_parallel, bool):
             p.add(f"sequence_parallel={self.sequence_parallel!r} must be true or false.")
         elif self.sequence_parallel and self.tp == 1:

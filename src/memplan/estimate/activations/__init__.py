@@ -36,7 +36,8 @@ def _context(recipe: Recipe, dt: Dtypes) -> Ctx:
                lora_targets=frozenset(recipe.lora_targets) if lora else frozenset(),
                adapter=int(dtype_bytes(recipe.adapter_dtype)),
                train_act=int(dtype_bytes(dt.param)), loss=recipe.loss,
-               sp=recipe.tp if recipe.sequence_parallel else 1)
+               sp=recipe.tp if recipe.sequence_parallel else 1,
+               capacity=float(recipe.moe_capacity_factor))
 
 
 def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> tuple[list[Point], int]:

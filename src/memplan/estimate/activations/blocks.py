@@ -43,6 +43,8 @@ class Ctx:
     """Bytes per element of the adapter weights (PEFT keeps them in fp32 by default)."""
     loss: str = "standard"
     """Cross-entropy implementation (``Recipe.loss``)."""
+    capacity: float = 0.0
+    """MoE capacity factor (``Recipe.moe_capacity_factor``; 0 dropless)."""
     sp: int = 1
     """Sequence-parallel degree (the TP degree under Megatron sequence parallelism, else 1):
     the residual stream holds ``tokens / sp`` rows per rank."""

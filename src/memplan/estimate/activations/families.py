@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -156,7 +158,9 @@ def _moe(b: Blocks, y: Tensor, h: int, ffn: Any, tp: int) -> Tensor:
     b.g.op([logits], (probs,), [probs])
     topw = b.new(t * k, 4, probs.grad)
     b.g.op([probs], (topw,), [topw])
-    routed = t * k
+    routed = t * k  # dropless: every token once per chosen expert
+    if c.capacity:  # padded to capacity: every expert processes ceil(cf x t x k / E) rows
+        routed = math.ceil(c.capacity * t * k / e) * e
     xs = b.new(routed * h, y.itemsize, y.grad)
     b.g.op([y], (xs,))
     gt = b.linear(xs, h, f, tokens=routed, role=("gate",))
