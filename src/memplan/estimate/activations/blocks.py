@@ -11,7 +11,6 @@ copy that the matmul saves; weights are cast once per forward and cached until a
 
 from __future__ import annotations
 
-import math
 
 from dataclasses import dataclass
 
@@ -357,7 +356,8 @@ class Blocks:
         c = self.c
         t = c.tokens
         xin = self.cast(x, c.half) if c.amp else x
-        chunk = min(t, 1 << max(0, math.ceil(math.log2(max(1, -(-t // -(-vocab // h)))))))
+        rows = -(-t // -(-vocab // h))  # ceil(BT / ceil(V / H))
+        chunk = min(t, 1 << (rows - 1).bit_length())  # next power of two
         grad_in = self.new(t * h, xin.itemsize, grad=False)
         grad_w = self.new(vocab * h, c.act, grad=False) if trained else None
         stored = [grad_in] + ([grad_w] if grad_w is not None else [])
