@@ -1,4 +1,4 @@
-"""memplan.measure.live: exact live-tensor byte counts of real CPU training steps."""
+"""memplan.runtime.stepping (memplan.measure.measure_step): exact live-tensor byte counts of real CPU training steps."""
 
 from __future__ import annotations
 

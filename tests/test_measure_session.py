@@ -117,7 +117,7 @@ def test_timeline_png_has_the_right_size_and_the_peak_annotated(tmp_path):
     peak = s.breakdown.worst
     assert texts["Description"] == f"peak {peak.peak_allocated_bytes} bytes at " \
                                    f"{peak.peak_moment.label}"
-    fig = timeline_figure(s.report)
+    fig = timeline_figure(s.report.to_dict())
     notes = [t.get_text() for t in fig.axes[0].texts]
     assert any(t.startswith("peak ") and peak.peak_moment.label in t for t in notes)
 
@@ -187,7 +187,7 @@ def test_session_reads_the_cuda_allocator(tmp_path):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with mm.session(model=model, optimizer=opt, out=tmp_path) as s:
         _loop(model, batch, opt)
-    c = s.counters
+    c = s.counters.to_dict()
     assert c["max_memory_allocated"] >= s.breakdown.worst.peak_allocated_bytes
     assert c["max_memory_reserved"] >= c["max_memory_allocated"]
     assert s.breakdown.worst.steady_peak_allocated_bytes > 0

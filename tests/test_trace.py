@@ -18,7 +18,7 @@ from memplan.breakdown import Category, Step  # noqa: E402
 from memplan.errors import TraceError  # noqa: E402
 from memplan.hardware import cpu_device  # noqa: E402
 from memplan.measure.real import measure_recipe  # noqa: E402
-from memplan.measure.result import module_table  # noqa: E402
+from memplan.runtime.steps import module_table  # noqa: E402
 from memplan.trace import trace  # noqa: E402
 from memplan.units import GIB  # noqa: E402
 from memplan.validate import cases  # noqa: E402

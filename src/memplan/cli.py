@@ -233,7 +233,7 @@ def trace(
 
     result = _guard(run)
     if format == "json":
-        from .measure.result import module_table
+        from .runtime.steps import module_table
 
         _emit_json({**result.to_dict(), "modules_at_peak": module_table(result.worst.peak_moment)})
         return
@@ -344,22 +344,23 @@ def measure(
             from .measure.aggregate import compare as cmp
             from .measure.cli_run import read_json
 
-            return cmp(Breakdown.from_dict(report), Breakdown.from_dict(read_json(against)))
+            return cmp(report.breakdown, Breakdown.from_dict(read_json(against)))
 
         rows = _guard(compare)
     if format == "json":
         _emit_json({"report": str(out), "exit_code": code, "comparison": rows,
-                    "peak_allocated_bytes": report["gpu"]["peak_allocated_bytes"]})
+                    "peak_allocated_bytes": max(r.peak_allocated_bytes
+                                                for r in report.breakdown.ranks)})
     else:
         from rich.console import Console
 
         from .units import fmt_bytes
 
         console = Console()
-        rank = report["gpu"]["per_rank"][0]
-        console.print(f"measured: peak {fmt_bytes(report['gpu']['peak_allocated_bytes'])} at "
-                      f"{rank['peak_moment']} ({rank['peak_step']} step); host RSS peak "
-                      f"{fmt_bytes(report['counters'].get('peak_rss_bytes', 0))}; report in {out}/")
+        worst = report.breakdown.worst
+        console.print(f"measured: peak {fmt_bytes(worst.peak_allocated_bytes)} at "
+                      f"{worst.peak_moment.label} ({worst.peak_step} step); host RSS peak "
+                      f"{fmt_bytes(report.peak_rss_bytes)}; report in {out}/")
         if rows is not None:
             from .report.measured import render_comparison
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..breakdown import Breakdown, Category
+from .report import MeasureReport
 
 __all__ = ["write_reports", "aggregate", "compare", "report_paths"]
 
@@ -31,13 +32,14 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)  # atomic: a waiting rank 0 never reads half a file
 
 
-def write_reports(report: dict[str, Any], out: Path, *, plot: bool = True) -> list[Path]:
+def write_reports(report: MeasureReport, out: Path, *, plot: bool = True) -> list[Path]:
     """Write this rank's JSON (and PNG when matplotlib is installed); rank 0 of several also
     waits for the others' reports and writes the aggregate ``<stem>.json``."""
     out.mkdir(parents=True, exist_ok=True)
-    rank, world = int(report.get("rank", 0)), int(report.get("world_size", 1))
+    rank, world = report.rank, report.world_size
     json_path, png_path = report_paths(out, rank, world)
-    _write_json(json_path, report)
+    data = report.to_dict()
+    _write_json(json_path, data)
     written = [json_path]
     if plot:
         try:
@@ -45,28 +47,29 @@ def write_reports(report: dict[str, Any], out: Path, *, plot: bool = True) -> li
         except ImportError:
             log.warning("matplotlib is not installed: no PNG (pip install 'memplan[plot]')")
         else:
-            written.append(plot_timeline(report, png_path))
+            written.append(plot_timeline(data, png_path))
     if world > 1 and rank == 0:
         paths = [report_paths(out, r, world)[0] for r in range(world)]
         deadline = time.monotonic() + _WAIT_S
         while not all(p.exists() for p in paths) and time.monotonic() < deadline:
             time.sleep(0.2)
-        found = [json.loads(p.read_text()) for p in paths if p.exists()]
-        agg = aggregate(found, world)
-        _write_json(out / f"{STEM}.json", agg)
+        found = [MeasureReport.from_dict(json.loads(p.read_text())) for p in paths if p.exists()]
+        _write_json(out / f"{STEM}.json", aggregate(found, world).to_dict())
         written.append(out / f"{STEM}.json")
     return written
 
 
-def aggregate(reports: list[dict[str, Any]], world: int) -> dict[str, Any]:
-    """One Breakdown whose ``per_rank`` lists every rank's role; maxima over ranks on top."""
-    ranks = [r for rep in reports for r in Breakdown.from_dict(rep).ranks]
-    first = Breakdown.from_dict(reports[0])
+def aggregate(reports: list[MeasureReport], world: int) -> MeasureReport:
+    """One Breakdown whose ``per_rank`` lists every rank's role (maxima over ranks on top),
+    the counters per rank and the ranks without a report."""
+    ranks = [r for rep in reports for r in rep.breakdown.ranks]
+    first = reports[0].breakdown
     b = Breakdown(source="measure", model=first.model, recipe=first.recipe, device=first.device,
                   ranks=tuple(ranks))
-    missing = sorted(set(range(world)) - {int(r.get("rank", 0)) for r in reports})
-    return {**b.to_dict(), "world_size": world, "ranks_missing": missing,
-            "counters": {f"rank{r.get('rank', 0)}": r.get("counters", {}) for r in reports}}
+    missing = tuple(sorted(set(range(world)) - {r.rank for r in reports}))
+    return MeasureReport(breakdown=b, world_size=world, aggregate=True, ranks_missing=missing,
+                         rank_counters={r.rank: r.counters for r in reports
+                                        if r.counters is not None})
 
 
 def compare(measured: Breakdown, other: Breakdown) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import ConfigError, MeasureError, ModelConfigError
 from .aggregate import STEM
 from .autostart import ENV_INTERVAL, ENV_NO_TENSORS, ENV_OUT
+from .report import MeasureReport
 
 __all__ = ["run_measured", "read_json", "child_env"]
 
@@ -42,7 +43,7 @@ def child_env(out: Path, interval_s: float, track_tensors: bool) -> dict[str, st
 
 
 def run_measured(cmd: list[str], out: Path, *, interval_s: float = 0.01,
-                 track_tensors: bool = True) -> tuple[int, dict[str, Any]]:
+                 track_tensors: bool = True) -> tuple[int, MeasureReport]:
     """Run ``cmd`` measured; return its exit code and the (aggregate) report.
 
     Raises:
@@ -65,4 +66,4 @@ def run_measured(cmd: list[str], out: Path, *, interval_s: float = 0.01,
         raise MeasureError(f"{' '.join(cmd)} exited with {code} and wrote no report to {out}/. "
                            "Only Python processes are measured; check that the command runs "
                            "Python (python, torchrun, accelerate launch).")
-    return code, read_json(report)
+    return code, MeasureReport.from_dict(read_json(report))

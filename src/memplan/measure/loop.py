@@ -10,10 +10,11 @@
             optimizer.step()
             optimizer.zero_grad()
     s.breakdown.worst.peak_allocated_bytes      # also runs/mem/memplan-measure.{json,png}
+    s.report                                    # MeasureReport: breakdown, counters, timeline
 
 What it records:
 
-- **Live tensor bytes** (``track_tensors``, default on): the storage tracker of ``live.py``
+- **Live tensor bytes** (``track_tensors``, default on): the storage tracker of ``memplan.runtime``
   runs over the whole loop. Steps and phases are inferred: a step opens at the first forward
   (a forward pre-hook on ``model``, or on any module when no model is given), the backward is
   any op the autograd engine runs, the optimizer phase is ``optimizer.step`` (step pre/post
@@ -36,31 +37,29 @@ regions are seen as their ATen ops only when they run eagerly.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves
 
 from ..breakdown import Breakdown, Category, Item, Moment, Phase, Pool, RankBreakdown, Step
-from .labels import BATCH, OPTIMIZER, ROOT, ModuleLabeller
-from .live import (
-    PHASES,
-    StepMeasurement,
-    _graph_task_id,
-    _mark_grads,
-    _mark_optimizer_state,
-    _mark_params,
-    _replay,
-    _replay_moments,
-    _storages,
-    _StorageTracker,
-    _Window,
+from ..runtime.book import (
+    close_step,
+    end_forward,
+    mark_grads,
+    mark_optimizer_state,
+    mark_params,
+    open_step,
+    step_measurement,
+    tensors_of,
 )
-from .result import moments_of
+from ..runtime.labels import BATCH, OPTIMIZER, ROOT, ModuleLabeller
+from ..runtime.steps import StepMeasurement, moments_of
+from ..runtime.tracker import StorageTracker, Window, graph_task_id
+from .report import Counters, MeasureReport
+from .sampler import Nvml, Sampler, host_total_bytes, rss_bytes
 
 __all__ = ["Session", "session", "REPORT_NAME"]
 
@@ -70,62 +69,6 @@ for each rank under torchrun, and the aggregate ``<stem>.json`` by rank 0)."""
 
 HOW = "measured: live storage bytes (memplan.measure.session)"
 _TIMELINE_POINTS = 400  # per step, enough for a plot
-
-
-def _rss_bytes() -> int:
-    try:
-        import psutil
-
-        return int(psutil.Process().memory_info().rss)
-    except ImportError:
-        try:
-            with open("/proc/self/statm") as f:
-                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except OSError:
-            return 0
-
-
-class _Nvml:
-    """Used memory of one GPU through NVML, or nothing when pynvml is absent."""
-
-    def __init__(self, index: int):
-        self.handle = None
-        try:
-            import pynvml  # type: ignore[import-not-found]
-
-            pynvml.nvmlInit()
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            self._pynvml = pynvml
-        except Exception:  # noqa: BLE001 - absent library or driver: degrade to no NVML
-            self.handle = None
-
-    def used(self) -> int | None:
-        if self.handle is None:
-            return None
-        return int(self._pynvml.nvmlDeviceGetMemoryInfo(self.handle).used)
-
-
-class _AutoTracker(_StorageTracker):
-    """The storage tracker, switching forward -> backward when the autograd engine runs."""
-
-    def __init__(self, on_backward: Any):
-        super().__init__()
-        self._on_backward = on_backward
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        if self.phase == "forward" and _graph_task_id() >= 0:
-            self._on_backward()
-        # An input never seen was made before the session (the batch, say), or outside the
-        # dispatcher: it was not allocated by this step, whatever step first reads it.
-        new = [st for t in tree_leaves((args, kwargs or {})) if isinstance(t, torch.Tensor)
-               for st in _storages(t) if id(st) not in self._uid_of]
-        if new:
-            phase, window = self.phase, self.window
-            self.phase, self.window = None, None
-            for st in new:
-                self._see_storage(st)
-            self.phase, self.window = phase, window
-        return super().__torch_dispatch__(func, types, args, kwargs)
 
 
 class Session:
@@ -143,14 +86,17 @@ class Session:
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.steps: list[StepMeasurement] = []
         self.tensor_timeline: list[tuple[float, dict[str, int]]] = []
-        self.samples: list[dict[str, Any]] = []
-        self.counters: dict[str, Any] = {}
+        self.counters: Counters | None = None
         self.breakdown: Breakdown | None = None
-        self.report: dict[str, Any] | None = None
+        self.report: MeasureReport | None = None
         self._stack = ExitStack()
-        self._stop = threading.Event()
         self._seen_modules: set[int] = set()
         self._owners: dict[int, str] = {}
+
+    @property
+    def samples(self) -> list[dict[str, Any]]:
+        """The periodic samples so far (see ``MeasureReport.samples``)."""
+        return self.sampler.samples
 
     # -- lifecycle ---------------------------------------------------------------------
     def __enter__(self) -> Session:
@@ -162,15 +108,15 @@ class Session:
             self.cuda_index = ((dev.index or 0) if dev is not None
                                else torch.cuda.current_device())
             torch.cuda.reset_peak_memory_stats(self.cuda_index)
-            self.nvml = _Nvml(self.cuda_index)
-        self.tracker = _AutoTracker(self._enter_backward)
+            self.nvml = Nvml(self.cuda_index)
+        self.tracker = StorageTracker(before_op=self._before_op)
         self.tracker.start_timing()
         self.labeller = None
         if self.model is not None:
             self.labeller = ModuleLabeller(self.model, self.tracker)
             self._owners = self.labeller.owner_of_tensor
             self._stack.callback(self.labeller.detach)
-            _mark_params(self.tracker, params + list(self.model.buffers()), self._owners)
+            mark_params(self.tracker, params + list(self.model.buffers()), self._owners)
             h = self.model.register_forward_pre_hook(self._on_forward)
         else:
             from torch.nn.modules.module import register_module_forward_pre_hook
@@ -195,32 +141,40 @@ class Session:
             self._stack.enter_context(torch.autograd.graph.saved_tensors_hooks(
                 self.tracker.pack_hook, self.tracker.unpack_hook))
             self._stack.callback(self.tracker.close)
-        self._thread = threading.Thread(target=self._sample_loop, name="memplan-sampler",
-                                        daemon=True)
-        self._thread.start()
+        self.sampler = Sampler(self._sample, self.interval_s)
+        self.sampler.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self.tracker.window is not None:
             self._close_step(None)
-        self._stop.set()
-        self._thread.join()
-        self._sample()
+        self.sampler.stop()
         self._stack.close()
-        self._read_counters()
+        self.counters = self._counters()
         self.breakdown = self._breakdown()
-        self.report = self._report()
+        self.report = MeasureReport(
+            breakdown=self.breakdown, rank=self.rank, world_size=self.world,
+            counters=self.counters, samples=tuple(self.samples),
+            tensors=tuple({"t": t, **c} for t, c in self.tensor_timeline))
         if self.out is not None:
             self.write(self.out)
 
     # -- phases ------------------------------------------------------------------------
+    def _before_op(self, args: Any, kwargs: Any) -> None:
+        t = self.tracker
+        if t.phase == Phase.FORWARD and graph_task_id() >= 0:
+            end_forward(t)  # the autograd engine runs: the backward has begun
+        # An input never seen was made before the session (the batch, say), or outside the
+        # dispatcher: it was not allocated by this step, whatever step first reads it.
+        t.see_before_step(tensors_of((args, kwargs)))
+
     def _open_step(self) -> None:
         t = self.tracker
         t.compact()
-        _mark_grads(t, self._params(), self._owners)
+        mark_grads(t, self._params(), self._owners)
         if self.optimizer is not None:
-            _mark_optimizer_state(t, self.optimizer, self._owners)
-        t.window = _Window(len(self.steps), len(t.events), dict(t.live), t.live_bytes)
+            mark_optimizer_state(t, self.optimizer, self._owners)
+        open_step(t, len(self.steps))
 
     def _params(self) -> list[torch.Tensor]:
         if self.model is not None:
@@ -233,32 +187,21 @@ class Session:
         t = self.tracker
         if self.model is None and id(module) not in self._seen_modules:
             self._seen_modules.add(id(module))
-            _mark_params(t, list(module.parameters(recurse=False))
-                         + list(module.buffers(recurse=False)), {})
-        if _graph_task_id() >= 0 or t.phase == "forward":
+            mark_params(t, list(module.parameters(recurse=False))
+                        + list(module.buffers(recurse=False)), {})
+        if graph_task_id() >= 0 or t.phase == Phase.FORWARD:
             return  # a recomputation inside the backward, or a submodule
         if t.window is None:
             self._open_step()
-        t.set_phase("forward")
+        t.set_phase(Phase.FORWARD)
         t.owner = ROOT if self.labeller else ""
-
-    def _enter_backward(self) -> None:
-        t = self.tracker
-        w = t.window
-        if w is None:
-            return
-        for uid in list(t.live):
-            rec = t.recs[uid]
-            if rec.window == w.step and rec.phase == "forward":
-                rec.fwd_survivor = True
-        t.set_phase("backward")
 
     def _on_step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         t = self.tracker
         if t.window is None:
             self._open_step()
-        _mark_grads(t, [p for g in optimizer.param_groups for p in g["params"]], self._owners)
-        t.set_phase("optimizer-step")
+        mark_grads(t, [p for g in optimizer.param_groups for p in g["params"]], self._owners)
+        t.set_phase(Phase.OPTIMIZER)
         t.owner = OPTIMIZER if self.labeller else ""
 
     def _on_step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -266,25 +209,19 @@ class Session:
 
     def _close_step(self, optimizer: Any) -> None:
         t = self.tracker
-        w = t.window
-        if w is None:
+        if t.window is None:
             return
         if optimizer is not None:
-            _mark_optimizer_state(t, optimizer, self._owners)
-            _mark_grads(t, [p for g in optimizer.param_groups for p in g["params"]], self._owners)
-        t.set_phase(None)
-        t.window = None
+            mark_optimizer_state(t, optimizer, self._owners)
+            mark_grads(t, [p for g in optimizer.param_groups for p in g["params"]], self._owners)
+        w = close_step(t)
         t.owner = BATCH if self.labeller else ""
-        if w.peak < 0:
+        if w is None or w.peak < 0:
             return
-        self.steps.append(StepMeasurement(
-            step=w.step, peak_bytes=w.peak, peak_phase=w.peak_phase,
-            phase_peaks={p: w.phase_peaks[p] for p in PHASES if p in w.phase_peaks},
-            at_peak=_replay(w, t), start_bytes=w.start_bytes, end_bytes=t.live_bytes,
-            moments=_replay_moments(w, t)))
+        self.steps.append(step_measurement(t, w))
         self._timeline_of(w)
 
-    def _timeline_of(self, w: _Window) -> None:
+    def _timeline_of(self, w: Window) -> None:
         """Bytes per category over the step in (up to) ``_TIMELINE_POINTS`` buckets of events,
         each represented by its highest point, so no spike (and not the peak) is lost."""
         t = self.tracker
@@ -316,8 +253,8 @@ class Session:
                 best = None
 
     # -- sampling ----------------------------------------------------------------------
-    def _sample(self) -> None:
-        s: dict[str, Any] = {"t": time.perf_counter() - self.t0, "rss_bytes": _rss_bytes()}
+    def _sample(self) -> dict[str, Any]:
+        s: dict[str, Any] = {"t": time.perf_counter() - self.t0, "rss_bytes": rss_bytes()}
         if self.track_tensors:
             s["live_tensor_bytes"] = self.tracker.live_bytes
         if self.cuda:
@@ -329,26 +266,23 @@ class Session:
             host = getattr(torch.cuda, "host_memory_stats", None)
             if host is not None:
                 s["pinned_bytes"] = int(host().get("allocated_bytes.all.current", 0))
-        self.samples.append(s)
+        return s
 
-    def _sample_loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._sample()
-
-    def _read_counters(self) -> None:
-        c: dict[str, Any] = {"peak_rss_bytes": max(s["rss_bytes"] for s in self.samples),
-                             "seconds": round(time.perf_counter() - self.t0, 3),
-                             "steps": len(self.steps)}
-        if self.cuda:
-            stats = torch.cuda.memory_stats(self.cuda_index)
-            c["max_memory_allocated"] = int(stats.get("allocated_bytes.all.peak", 0))
-            c["max_memory_reserved"] = int(stats.get("reserved_bytes.all.peak", 0))
-            c["active_bytes.all.peak"] = int(stats.get("active_bytes.all.peak", 0))
-            nv = [s["nvml_used_bytes"] for s in self.samples if "nvml_used_bytes" in s]
-            c["nvml_peak_used_bytes"] = max(nv) if nv else None
-            c["peak_pinned_bytes"] = max((s.get("pinned_bytes", 0) for s in self.samples),
-                                         default=0)
-        self.counters = c
+    def _counters(self) -> Counters:
+        samples = self.samples
+        c = Counters(peak_rss_bytes=max(s["rss_bytes"] for s in samples),
+                     seconds=round(time.perf_counter() - self.t0, 3), steps=len(self.steps))
+        if not self.cuda:
+            return c
+        stats = torch.cuda.memory_stats(self.cuda_index)
+        nv = [s["nvml_used_bytes"] for s in samples if "nvml_used_bytes" in s]
+        return Counters(
+            peak_rss_bytes=c.peak_rss_bytes, seconds=c.seconds, steps=c.steps,
+            max_memory_allocated=int(stats.get("allocated_bytes.all.peak", 0)),
+            max_memory_reserved=int(stats.get("reserved_bytes.all.peak", 0)),
+            active_peak_bytes=int(stats.get("active_bytes.all.peak", 0)),
+            nvml_peak_used_bytes=max(nv) if nv else None,
+            peak_pinned_bytes=max((s.get("pinned_bytes", 0) for s in samples), default=0))
 
     # -- results -----------------------------------------------------------------------
     def _device(self) -> dict[str, Any]:
@@ -356,41 +290,35 @@ class Session:
             props = torch.cuda.get_device_properties(self.cuda_index)
             return {"name": props.name, "capacity_bytes": int(props.total_memory),
                     "source": "torch.cuda.get_device_properties"}
-        try:
-            import psutil
-
-            total = int(psutil.virtual_memory().total)
-        except ImportError:
-            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return {"name": "cpu", "capacity_bytes": total, "source": "host memory"}
+        return {"name": "cpu", "capacity_bytes": host_total_bytes(), "source": "host memory"}
 
     def _breakdown(self) -> Breakdown:
         notes: list[str] = []
         outside: tuple[Item, ...] = ()
+        c = self.counters
+        assert c is not None
         if self.steps:
             moments = moments_of(self.steps, HOW)
             unmodelled: tuple[Category, ...] = ()
         else:
             # No step seen with tensor tracking on: the allocator peak is all we know.
-            peak = self.counters.get("max_memory_allocated", 0)
             moments = (Moment(step=Step.STEADY, phase=Phase.FORWARD, label="whole session",
                               items=(Item(category=Category.TEMPORARY,
                                           name="uncategorised (tensor tracking off)",
-                                          bytes=peak, formula="torch.cuda.max_memory_allocated"),)),)
+                                          bytes=c.max_memory_allocated or 0,
+                                          formula="torch.cuda.max_memory_allocated"),)),)
             unmodelled = tuple(c for c in Category if c != Category.TEMPORARY)
             notes.append("no training step was tracked: categories are unknown")
         if self.cuda:
-            c = self.counters
-            slack = max(0, c["max_memory_reserved"] - c["max_memory_allocated"])
-            outside = (Item(category=Category.OVERHEAD, name="allocator slack", bytes=slack,
-                            pool=Pool.RESERVED,
+            allocated, reserved = c.max_memory_allocated or 0, c.max_memory_reserved or 0
+            outside = (Item(category=Category.OVERHEAD, name="allocator slack",
+                            bytes=max(0, reserved - allocated), pool=Pool.RESERVED,
                             formula="max_memory_reserved - max_memory_allocated (measured)"),)
-            if c.get("nvml_peak_used_bytes"):
+            if c.nvml_peak_used_bytes:
                 outside += (Item(category=Category.OVERHEAD, name="outside PyTorch (NVML)",
-                                 bytes=max(0, c["nvml_peak_used_bytes"]
-                                           - c["max_memory_reserved"]),
+                                 bytes=max(0, c.nvml_peak_used_bytes - reserved),
                                  pool=Pool.DEVICE, formula="NVML used - max_memory_reserved"),)
-            notes.append(f"CUDA allocator: max_memory_allocated {c['max_memory_allocated']} B "
+            notes.append(f"CUDA allocator: max_memory_allocated {allocated} B "
                          "(block rounding and kernel workspaces included, unlike the moments)")
         role = f"rank {self.rank}" if self.world > 1 else "every rank"
         rank = RankBreakdown(role=role, ranks=1, moments=moments, outside=outside,
@@ -403,13 +331,6 @@ class Session:
                          trainable_params=sum(p.numel() for p in ps if p.requires_grad))
         return Breakdown(source="measure", model=model, recipe={}, device=self._device(),
                          ranks=(rank,))
-
-    def _report(self) -> dict[str, Any]:
-        assert self.breakdown is not None
-        return {**self.breakdown.to_dict(), "rank": self.rank, "world_size": self.world,
-                "counters": self.counters,
-                "timeline": {"samples": self.samples,
-                             "tensors": [{"t": t, **c} for t, c in self.tensor_timeline]}}
 
     def write(self, out: str | Path) -> list[Path]:
         """Write the JSON report (and the PNG when matplotlib is installed) under ``out``;

@@ -1,6 +1,7 @@
 """``measure_recipe``: build a model with a recipe on real tensors and measure two real steps.
 
-The counterpart of ``memplan.trace.trace`` (same builder, same tracker, real memory): what
+The counterpart of ``memplan.trace.trace`` (the same ``memplan.runtime`` builder and tracker,
+real memory): what
 ``validate`` compares the tracer and the estimator with. Meant for small models. On CUDA the
 allocator's counters over the same steps are recorded too, under ``device['allocator']``.
 """
@@ -22,9 +23,9 @@ def measure_recipe(model: str, recipe: Recipe, device: Device, *, steps: int = 2
     """Really run ``steps`` training steps of ``model`` with ``recipe`` on ``recipe.device``."""
     import torch
 
-    from ..trace.workload import build_model, build_workload
-    from .live import measure_step
-    from .result import to_breakdown
+    from ..runtime.steps import to_breakdown
+    from ..runtime.workload import build_model, build_workload
+    from ..runtime.stepping import measure_step
 
     cuda = recipe.device == "cuda"
     base = 0

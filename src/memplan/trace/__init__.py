@@ -4,8 +4,8 @@ under ``FakeTensorMode`` and count every storage, without using the memory (torc
 The model is built from its config (catalog id, config.json, or a ``module:function``) inside
 ``FakeTensorMode``: parameters, activations, gradients and optimizer states are fake tensors with
 shapes, dtypes and storages but no data. The recipe is applied by
-``memplan.trace.workload.build_workload`` (the same code that ``validate`` runs for real) and
-two steps (first + steady) run through ``memplan.measure.measure_step``, whose storage tracker
+``memplan.runtime.workload.build_workload`` (the same code that ``validate`` runs for real) and
+two steps (first + steady) run through ``memplan.runtime.stepping.measure_step``, whose storage tracker
 and module labels work unchanged on fake storages. A 70B model traces on a laptop.
 
 Kernel choices are those of ``recipe.device``: with ``cpu`` the CPU kernels (the ones a real CPU
@@ -29,82 +29,22 @@ Known limitations
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 from ..breakdown import Breakdown, Pool
 from ..errors import TraceError
 from ..hardware import Device
 from ..recipe import Recipe
-from .workload import Workload, build_model, build_workload, check_traceable, materialize
+from ..runtime.fake import fake_mode
+from ..runtime.workload import Workload, build_model, build_workload, check_traceable, materialize
 
-__all__ = ["trace", "fake_mode", "check_traceable", "build_model", "build_workload", "Workload"]
+__all__ = ["trace"]
 
 HOW = "traced: live storage bytes under FakeTensorMode"
 
 
-@contextlib.contextmanager
-def _not_packed() -> Iterator[None]:
-    """Answer transformers' data-dependent 'are these packed sequences?' with 'no'."""
-    try:
-        from transformers import masking_utils
-    except ImportError:
-        yield
-        return
-    import torch
-
-    def not_packed(position_ids: Any) -> None:
-        # The same tensor ops as transformers 5.23's check (so the trace allocates what the
-        # real run allocates), without reading the final boolean.
-        # Same locals too: their lifetimes are part of what is measured.
-        first_dummy_value = position_ids[:, :1] - 1
-        position_diff = torch.diff(position_ids, prepend=first_dummy_value, dim=-1)
-        packed_sequence_mask = (position_diff != 1).cumsum(-1)
-        (packed_sequence_mask[:, -1] == 0).all()
-        return None
-
-    original = masking_utils.find_packed_sequence_indices
-    masking_utils.find_packed_sequence_indices = not_packed
-    try:
-        yield
-    finally:
-        masking_utils.find_packed_sequence_indices = original
-
-
-@contextlib.contextmanager
-def fake_mode(device: str = "cpu") -> Iterator[Any]:
-    """``FakeTensorMode`` for tracing on ``device`` (plus the transformers patch above).
-
-    Raises:
-        TraceError: ``device`` is ``cuda`` and this torch has no CUDA support built in (a fake
-            CUDA tensor with autograd aborts the process in a CPU-only build).
-    """
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    if device == "cuda" and not torch.backends.cuda.is_built():
-        raise TraceError(
-            f"device=cuda tracing needs a CUDA build of torch (this is {torch.__version__}, "
-            "built without CUDA); a GPU is not needed. Install a CUDA wheel of torch, or "
-            "trace with device=cpu (CPU kernels: the math differs for SDPA and the optimizer)."
-        )
-    from torch._subclasses.fake_tensor import DynamicOutputShapeException
-
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=False) as mode, _not_packed():
-            yield mode
-    except DynamicOutputShapeException as e:
-        raise TraceError(
-            f"the model calls {e.func} whose output size depends on tensor values (MoE "
-            "routing: which tokens go to which expert). Fake tensors have no values, so "
-            "this model cannot be traced. Use `memplan estimate` (it models top-k routing) "
-            "or `memplan measure` on a real run."
-        ) from None
-
-
 def _steps(w: Workload, steps: int) -> list[Any]:
-    from ..measure import measure_step
+    from ..runtime.stepping import measure_step
 
     return measure_step(w.model, w.batch, w.optimizer, autocast_dtype=w.autocast_dtype,
                         loss_fn=w.loss_fn, steps=steps)
@@ -123,7 +63,7 @@ def trace(model: str, recipe: Recipe, device: Device, *, steps: int = 2) -> Brea
         TraceError: the recipe needs more than one process, or kernels torch lacks.
     """
     from ..estimate.overhead import overhead_items
-    from ..measure.result import to_breakdown
+    from ..runtime.steps import to_breakdown
 
     check_traceable(recipe)
     if recipe.optimizer == "adafactor":

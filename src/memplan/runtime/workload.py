@@ -219,9 +219,9 @@ def _apply_lora(model: Any, recipe: Recipe, torch: Any) -> Any:
 
 
 def _freeze(model: Any, keep: int) -> None:
-    from ..measure.labels import _stack
+    from .labels import layer_stack
 
-    stack = _stack(model)
+    stack = layer_stack(model)
     if stack is None:
         raise TraceError("method=freeze needs a layer stack (an nn.ModuleList of blocks).")
     blocks = list(model.get_submodule(stack))
@@ -343,9 +343,9 @@ def build_workload(built: Built, recipe: Recipe) -> Workload:
         optimizer = _optimizer(torch, recipe.optimizer, trainable)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     hf = type(base).__module__.startswith("transformers.")
-    from ..measure.labels import _stack
+    from .labels import layer_stack
 
-    stack = _stack(model)
+    stack = layer_stack(model)
     info = {
         "id": built.model_ref,
         "params": sum(p.numel() for p in model.parameters()),

@@ -5,7 +5,7 @@ A *group* is one block of the layer stack (the largest ``nn.ModuleList``, as in
 transformers Llama, ``model.embed_tokens``, ``model.layers.0`` ... ``model.layers.N``,
 ``model.norm``, ``model.rotary_emb`` and ``lm_head``. Groups never nest.
 
-``ModuleLabeller`` hooks each group so that the storage tracker of ``live.py``
+``ModuleLabeller`` hooks each group so that the storage tracker (``memplan.runtime.tracker``)
 
 - starts a moment ``forward: <group>`` when the group's forward starts, and ``forward: (model)``
   when it returns (code of the model outside every group: masks, the loss);
@@ -29,7 +29,9 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["ROOT", "BATCH", "OPTIMIZER", "module_groups", "ModuleLabeller"]
+from ..breakdown import Phase
+
+__all__ = ["ROOT", "BATCH", "OPTIMIZER", "layer_stack", "module_groups", "ModuleLabeller"]
 
 ROOT = "(model)"
 """Owner of storages allocated by model code outside every group (masks, loss)."""
@@ -39,7 +41,7 @@ OPTIMIZER = "(optimizer)"
 """Owner of scratch the optimizer allocates and frees within its step."""
 
 
-def _stack(model: torch.nn.Module) -> str | None:
+def layer_stack(model: torch.nn.Module) -> str | None:
     """Path of the ``nn.ModuleList`` with the most parameters (the layer stack), if any."""
     best, best_n = None, 0
     for name, m in model.named_modules():
@@ -52,7 +54,7 @@ def _stack(model: torch.nn.Module) -> str | None:
 
 def module_groups(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     """The model's groups (see the module docstring), in registration order."""
-    stack = _stack(model)
+    stack = layer_stack(model)
     if stack is None:
         return list(model.named_children())
     out: list[tuple[str, torch.nn.Module]] = []
@@ -98,7 +100,7 @@ class ModuleLabeller:
         self._handles.clear()
 
     def _in_backward(self) -> bool:
-        return self.tracker.phase == "backward"
+        return self.tracker.phase == Phase.BACKWARD
 
     def _pre(self, path: str):  # type: ignore[no-untyped-def]
         def hook(module: torch.nn.Module, args: Any) -> None:

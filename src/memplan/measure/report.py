@@ -1,0 +1,115 @@
+"""``MeasureReport``: what ``memplan measure`` and ``session`` write, as a typed object.
+
+One rank's report is the ``Breakdown`` of its steps plus the host/allocator ``Counters`` and the
+timeline samples; under torchrun rank 0 also writes an aggregate (every rank's roles, the
+counters per rank, and the ranks whose report is missing). ``to_dict``/``from_dict`` give the
+JSON schema: the ``Breakdown``'s keys on top, so every reader of estimates reads a measurement.
+No torch needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ..breakdown import Breakdown
+
+__all__ = ["Counters", "MeasureReport"]
+
+# JSON keys that differ from the field names (the torch.cuda.memory_stats key, kept verbatim).
+_KEY = {"active_peak_bytes": "active_bytes.all.peak"}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Counters:
+    """Process-wide counters over a measured run (one rank)."""
+
+    peak_rss_bytes: int
+    """Highest resident set size of the process among the samples."""
+    seconds: float
+    """Wall time of the session."""
+    steps: int
+    """Training steps tracked (0 with tensor tracking off)."""
+    max_memory_allocated: int | None = None
+    """``torch.cuda`` allocator peak of allocated bytes (CUDA only)."""
+    max_memory_reserved: int | None = None
+    """Allocator peak of reserved bytes (CUDA only)."""
+    active_peak_bytes: int | None = None
+    """Allocator ``active_bytes.all.peak`` (CUDA only)."""
+    nvml_peak_used_bytes: int | None = None
+    """Highest device memory in use seen by NVML (CUDA with pynvml only)."""
+    peak_pinned_bytes: int | None = None
+    """Highest pinned host memory of the caching host allocator (CUDA only)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every known field under its JSON key (the CUDA ones only on CUDA)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is not None:
+                out[_KEY.get(f.name, f.name)] = v
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Counters:
+        kw = {f.name: d.get(_KEY.get(f.name, f.name)) for f in fields(cls)}
+        kw["peak_rss_bytes"] = int(kw["peak_rss_bytes"] or 0)
+        kw["seconds"] = float(kw["seconds"] or 0.0)
+        kw["steps"] = int(kw["steps"] or 0)
+        return cls(**kw)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MeasureReport:
+    """One rank's measured run, or (``aggregate``) every rank's of a torchrun job."""
+
+    breakdown: Breakdown
+    """The measurement in the estimator's result type (all ranks' roles for an aggregate)."""
+    rank: int = 0
+    """This process's ``RANK`` (0 for an aggregate)."""
+    world_size: int = 1
+    """``WORLD_SIZE`` of the job."""
+    counters: Counters | None = None
+    """This rank's counters; None for an aggregate (see ``rank_counters``)."""
+    samples: tuple[dict[str, float], ...] = ()
+    """Periodic samples: ``t`` (s), ``rss_bytes``, and when known ``live_tensor_bytes``,
+    ``cuda_allocated_bytes``, ``cuda_reserved_bytes``, ``nvml_used_bytes``, ``pinned_bytes``."""
+    tensors: tuple[dict[str, float], ...] = ()
+    """Tensor timeline: ``t`` (s) and bytes per category, the highest point of each bucket."""
+    aggregate: bool = False
+    """True for rank 0's job-wide report."""
+    ranks_missing: tuple[int, ...] = ()
+    """Ranks whose report was not found (aggregate only)."""
+    rank_counters: dict[int, Counters] = field(default_factory=dict)
+    """Counters per rank (aggregate only)."""
+
+    @property
+    def peak_rss_bytes(self) -> int:
+        """Highest RSS of any rank's process."""
+        cs = [self.counters] if self.counters else list(self.rank_counters.values())
+        return max((c.peak_rss_bytes for c in cs), default=0)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.breakdown.to_dict()
+        if self.aggregate:
+            out.update(world_size=self.world_size, ranks_missing=list(self.ranks_missing),
+                       counters={f"rank{r}": c.to_dict() for r, c in self.rank_counters.items()})
+            return out
+        out.update(rank=self.rank, world_size=self.world_size,
+                   counters=self.counters.to_dict() if self.counters else {},
+                   timeline={"samples": list(self.samples), "tensors": list(self.tensors)})
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MeasureReport:
+        b = Breakdown.from_dict(d)
+        if "ranks_missing" in d:
+            return cls(breakdown=b, world_size=int(d.get("world_size", 1)), aggregate=True,
+                       ranks_missing=tuple(int(r) for r in d["ranks_missing"]),
+                       rank_counters={int(k.removeprefix("rank")): Counters.from_dict(c)
+                                      for k, c in d.get("counters", {}).items()})
+        tl = d.get("timeline", {})
+        return cls(breakdown=b, rank=int(d.get("rank", 0)),
+                   world_size=int(d.get("world_size", 1)),
+                   counters=Counters.from_dict(d["counters"]) if d.get("counters") else None,
+                   samples=tuple(tl.get("samples", ())), tensors=tuple(tl.get("tensors", ())))

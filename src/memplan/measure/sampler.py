@@ -1,0 +1,87 @@
+"""Host and device samples of a measured process: RSS, CUDA allocator, NVML, pinned memory."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Nvml", "Sampler", "host_total_bytes", "rss_bytes"]
+
+
+def rss_bytes(pid: int | None = None) -> int:
+    """Resident set size of ``pid`` (this process by default): psutil, else ``/proc``; 0 if
+    neither can tell."""
+    try:
+        import psutil
+
+        return int(psutil.Process(pid).memory_info().rss)
+    except ImportError:
+        pass
+    except Exception:  # noqa: BLE001 - psutil.NoSuchProcess and friends: the process is gone
+        return 0
+    try:
+        with open(f"/proc/{pid or 'self'}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def host_total_bytes() -> int:
+    """Physical memory of this machine (``MemTotal``)."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except ImportError:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class Nvml:
+    """Used memory of one GPU through NVML, or nothing when pynvml is absent."""
+
+    def __init__(self, index: int):
+        self.handle = None
+        try:
+            import pynvml  # type: ignore[import-not-found]
+
+            pynvml.nvmlInit()
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            self._pynvml = pynvml
+        except Exception:  # noqa: BLE001 - absent library or driver: degrade to no NVML
+            self.handle = None
+
+    def used(self) -> int | None:
+        if self.handle is None:
+            return None
+        return int(self._pynvml.nvmlDeviceGetMemoryInfo(self.handle).used)
+
+
+class Sampler:
+    """Takes a sample (``take``) every ``interval_s`` on a daemon thread until ``stop``."""
+
+    def __init__(self, take: Callable[[], dict[str, Any]], interval_s: float):
+        self.take, self.interval_s = take, interval_s
+        self.samples: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="memplan-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def sample(self) -> dict[str, Any]:
+        s = self.take()
+        self.samples.append(s)
+        return s
+
+    def stop(self) -> None:
+        """Stop the thread and take a last sample."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self.sample()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
