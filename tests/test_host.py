@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from memplan import Breakdown, Recipe, estimate, get_device, load_model
-from memplan.api import estimate_from_names
+from memplan.api import Machine, estimate_from_names, load_job
 from memplan.cli import app
 from memplan.errors import ConfigError, UnknownName
 from memplan.host import HostSetup, parse_size
@@ -36,7 +36,8 @@ def test_pinned_power_of_two_rounding(n, rounded):
 
 def _plan(model: str, node: str | None = "DGX-H100", **kw):
     host_kw = kw.pop("host", {})
-    return estimate_from_names(model, None, overrides=kw, node=node, host_overrides=host_kw)
+    recipe, setup = load_job(None, kw, host_kw)
+    return estimate_from_names(model, recipe, Machine(node=node), setup)
 
 
 def test_zero3_full_offload_matches_deepspeed_formula():
@@ -44,7 +45,7 @@ def test_zero3_full_offload_matches_deepspeed_formula():
     CPU per node = 18 B x P / nodes x 1.5 safety factor (facts §2.1); memplan reports the
     18 B/param without the factor, as its own line."""
     b = _plan("meta-llama/Llama-3.1-8B", gpus=8, zero=3, offload="params+optimizer")
-    P = b.model["params"]
+    P = b.model.params
     assert b.host.categories["offloaded states"] == pytest.approx(18 * P, rel=1e-6)
     # sub-groups of <= 1e9 elements rounded to powers of two: 4 fp32 kinds + 16-bit params
     per_rank = math.ceil(P / 8)                  # 1.004e9 elements: two sub-groups
@@ -67,7 +68,7 @@ def test_load_modes_order_and_peak_moment():
 def test_nvme_offload_counts_swap_files_and_buffers():
     b = _plan("meta-llama/Llama-3.1-70B", gpus=8, zero=3, offload="nvme")
     assert b.nvme.lines[0].name == "ZeRO-Infinity swap files"
-    assert b.nvme.lines[0].bytes == pytest.approx(18 * b.model["params"], rel=1e-6)
+    assert b.nvme.lines[0].bytes == pytest.approx(18 * b.model.params, rel=1e-6)
     assert "NVMe swap buffers (pinned)" in b.host.categories
     assert b.nvme.fits is True
 
@@ -75,8 +76,8 @@ def test_nvme_offload_counts_swap_files_and_buffers():
 def test_unknown_host_gives_no_verdict_and_custom_sizes_apply():
     b = _plan("meta-llama/Llama-3.1-8B", node=None, gpus=8)
     assert b.host.capacity_bytes is None and b.host.fits is None
-    b = estimate_from_names("meta-llama/Llama-3.1-8B", "H100-80GB", overrides={"gpus": 8},
-                            host_ram="512GiB", nvme="2TB", pcie=4)
+    b = estimate_from_names("meta-llama/Llama-3.1-8B", Recipe.of(gpus=8),
+                            Machine(gpu="H100-80GB", host_ram="512GiB", nvme="2TB", pcie=4))
     assert b.host.capacity_bytes == 512 * GIB and b.nvme.capacity_bytes == 2 * 10**12
 
 
@@ -86,9 +87,10 @@ def test_bad_host_input_is_reported_with_fixes():
     with pytest.raises(ConfigError, match="no unit|with a unit"):
         parse_size("2048", "--host-ram")
     with pytest.raises(ConfigError, match="has H100-80GB GPUs but the job uses A100-80GB"):
-        estimate_from_names("meta-llama/Llama-3.1-8B", "A100-80GB", node="DGX-H100")
+        estimate_from_names("meta-llama/Llama-3.1-8B", Recipe.of(),
+                            Machine(gpu="A100-80GB", node="DGX-H100"))
     with pytest.raises(UnknownName, match="DGX-H100"):
-        estimate_from_names("meta-llama/Llama-3.1-8B", None, node="DGX-H10")
+        estimate_from_names("meta-llama/Llama-3.1-8B", Recipe.of(), Machine(node="DGX-H10"))
     with pytest.raises(ConfigError, match="needs dataset_bytes"):
         HostSetup(dataset="in-ram")
 
@@ -98,7 +100,7 @@ def test_model_flops_equal_torchtitan_formula():
     matmul weights only (norms are not FLOPs), a 1e-4 difference on Llama-3.1-8B."""
     m = load_model("meta-llama/Llama-3.1-8B")
     seq = 8192
-    f = token_flops(m, Recipe(seq_len=seq))
+    f = token_flops(m, Recipe.of(seq_len=seq))
     emb = sum(t.numel for t in m.embedding)
     want = 6 * (m.num_params - emb) + 12 * 32 * 32 * 128 * seq
     assert f.model == pytest.approx(want, rel=1e-4)
@@ -108,11 +110,11 @@ def test_moe_active_flops_and_recompute():
     """Qwen3-30B-A3B activates 3.3 B parameters per token (model card); full recompute adds one
     forward of the layers, selective one of the attention core (causal: half the scores)."""
     m = load_model("Qwen/Qwen3-30B-A3B")
-    f = token_flops(m, Recipe(seq_len=4096))
+    f = token_flops(m, Recipe.of(seq_len=4096))
     active = f.matmul_forward / 2 + sum(t.numel for t in m.embedding)
     assert active == pytest.approx(3.3e9, rel=0.05)
-    full = token_flops(m, Recipe(seq_len=4096, checkpointing="full"))
-    sel = token_flops(m, Recipe(seq_len=4096, checkpointing="selective"))
+    full = token_flops(m, Recipe.of(seq_len=4096, checkpointing="full"))
+    sel = token_flops(m, Recipe.of(seq_len=4096, checkpointing="selective"))
     head = 2 * m.hidden_size * m.vocab_size
     assert full.executed - f.executed == pytest.approx(
         f.matmul_forward - head + f.attention_forward / 2)
@@ -154,5 +156,5 @@ def test_cli_bad_load_exits_2_without_traceback():
 
 
 def test_cpu_device_runs_have_no_host_plan():
-    b = estimate(load_model("Qwen/Qwen2.5-0.5B"), Recipe(device="cpu"), get_device("H100-80GB"))
+    b = estimate(load_model("Qwen/Qwen2.5-0.5B"), Recipe.of(device="cpu"), get_device("H100-80GB"))
     assert b.host is None and "host" not in b.to_dict()

@@ -10,6 +10,7 @@ import pytest
 
 from memplan.breakdown import Breakdown, Category, Item, Moment, Phase, RankBreakdown, Step
 from memplan.measure.report import Counters, MeasureReport
+from memplan.results import AllocatorCounters, DeviceInfo, ModelInfo
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "memplan"
 PACKAGES = ("runtime", "trace", "measure")
@@ -78,8 +79,9 @@ def _report() -> MeasureReport:
                            formula="measured"),
                       Item(category=Category.ACTIVATIONS, name="(model)", bytes=1000,
                            formula="measured")))
-    b = Breakdown(source="measure", model={"id": "Tiny", "params": 1024}, recipe={},
-                  device={"name": "cpu", "capacity_bytes": 2**34, "source": "host memory"},
+    b = Breakdown(source="measure", model=ModelInfo(id="Tiny", params=1024, trainable_params=1024,
+                                                    layers=2, source="measured"), recipe={},
+                  device=DeviceInfo(name="cpu", capacity_bytes=2**34, source="host memory"),
                   ranks=(RankBreakdown(role="every rank", ranks=1, moments=(m,)),))
     return MeasureReport(breakdown=b, rank=1, world_size=2,
                          counters=Counters(peak_rss_bytes=123, seconds=1.5, steps=2),
@@ -106,3 +108,12 @@ def test_aggregate_report_names_missing_ranks_and_round_trips():
     back = MeasureReport.from_dict(d)
     assert back.aggregate and back.ranks_missing == (0, 2) and back.peak_rss_bytes == 123
     assert back.to_dict() == d
+
+
+def test_cuda_counters_keep_the_allocator_keys():
+    c = Counters(peak_rss_bytes=1, seconds=0.5, steps=1, nvml_peak_used_bytes=None,
+                 peak_pinned_bytes=0, allocator=AllocatorCounters(
+                     max_memory_allocated=10, max_memory_reserved=20, active_bytes_peak=12))
+    d = c.to_dict()
+    assert d["active_bytes.all.peak"] == 12 and "nvml_peak_used_bytes" in d
+    assert Counters.from_dict(d) == c

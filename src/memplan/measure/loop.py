@@ -39,12 +39,15 @@ from __future__ import annotations
 import os
 import time
 from contextlib import ExitStack
+from dataclasses import replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..breakdown import Breakdown, Category, Item, Moment, Phase, Pool, RankBreakdown, Step
+from ..results import AllocatorCounters, DeviceInfo, ModelInfo
 from ..runtime.book import (
     close_step,
     end_forward,
@@ -276,21 +279,20 @@ class Session:
             return c
         stats = torch.cuda.memory_stats(self.cuda_index)
         nv = [s["nvml_used_bytes"] for s in samples if "nvml_used_bytes" in s]
-        return Counters(
-            peak_rss_bytes=c.peak_rss_bytes, seconds=c.seconds, steps=c.steps,
+        return replace(c, allocator=AllocatorCounters(
             max_memory_allocated=int(stats.get("allocated_bytes.all.peak", 0)),
             max_memory_reserved=int(stats.get("reserved_bytes.all.peak", 0)),
-            active_peak_bytes=int(stats.get("active_bytes.all.peak", 0)),
+            active_bytes_peak=int(stats.get("active_bytes.all.peak", 0))),
             nvml_peak_used_bytes=max(nv) if nv else None,
             peak_pinned_bytes=max((s.get("pinned_bytes", 0) for s in samples), default=0))
 
     # -- results -----------------------------------------------------------------------
-    def _device(self) -> dict[str, Any]:
+    def _device(self) -> DeviceInfo:
         if self.cuda:
             props = torch.cuda.get_device_properties(self.cuda_index)
-            return {"name": props.name, "capacity_bytes": int(props.total_memory),
-                    "source": "torch.cuda.get_device_properties"}
-        return {"name": "cpu", "capacity_bytes": host_total_bytes(), "source": "host memory"}
+            return DeviceInfo(name=props.name, capacity_bytes=int(props.total_memory),
+                              source="torch.cuda.get_device_properties")
+        return DeviceInfo(name="cpu", capacity_bytes=host_total_bytes(), source="host memory")
 
     def _breakdown(self) -> Breakdown:
         notes: list[str] = []
@@ -305,12 +307,15 @@ class Session:
             moments = (Moment(step=Step.STEADY, phase=Phase.FORWARD, label="whole session",
                               items=(Item(category=Category.TEMPORARY,
                                           name="uncategorised (tensor tracking off)",
-                                          bytes=c.max_memory_allocated or 0,
+                                          bytes=c.allocator.max_memory_allocated
+                                          if c.allocator else 0,
                                           formula="torch.cuda.max_memory_allocated"),)),)
             unmodelled = tuple(c for c in Category if c != Category.TEMPORARY)
             notes.append("no training step was tracked: categories are unknown")
         if self.cuda:
-            allocated, reserved = c.max_memory_allocated or 0, c.max_memory_reserved or 0
+            assert c.allocator is not None
+            allocated = c.allocator.max_memory_allocated
+            reserved = c.allocator.max_memory_reserved
             outside = (Item(category=Category.OVERHEAD, name="allocator slack",
                             bytes=max(0, reserved - allocated), pool=Pool.RESERVED,
                             formula="max_memory_reserved - max_memory_allocated (measured)"),)
@@ -323,12 +328,13 @@ class Session:
         role = f"rank {self.rank}" if self.world > 1 else "every rank"
         rank = RankBreakdown(role=role, ranks=1, moments=moments, outside=outside,
                              unmodelled=unmodelled, notes=tuple(notes))
-        model: dict[str, Any] = {"id": "(your training loop)", "params": 0,
-                                 "trainable_params": 0, "layers": 0, "source": "measured"}
+        model = ModelInfo(id="(your training loop)", params=0, trainable_params=0, layers=0,
+                          source="measured")
         if self.model is not None:
             ps = list(self.model.parameters())
-            model.update(id=type(self.model).__name__, params=sum(p.numel() for p in ps),
-                         trainable_params=sum(p.numel() for p in ps if p.requires_grad))
+            model = replace(model, id=type(self.model).__name__,
+                            params=sum(p.numel() for p in ps),
+                            trainable_params=sum(p.numel() for p in ps if p.requires_grad))
         return Breakdown(source="measure", model=model, recipe={}, device=self._device(),
                          ranks=(rank,))
 

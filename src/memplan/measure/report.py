@@ -9,16 +9,13 @@ No torch needed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..breakdown import Breakdown
+from ..results import AllocatorCounters
 
 __all__ = ["Counters", "MeasureReport"]
-
-# JSON keys that differ from the field names (the torch.cuda.memory_stats key, kept verbatim).
-_KEY = {"active_peak_bytes": "active_bytes.all.peak"}
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Counters:
@@ -30,33 +27,30 @@ class Counters:
     """Wall time of the session."""
     steps: int
     """Training steps tracked (0 with tensor tracking off)."""
-    max_memory_allocated: int | None = None
-    """``torch.cuda`` allocator peak of allocated bytes (CUDA only)."""
-    max_memory_reserved: int | None = None
-    """Allocator peak of reserved bytes (CUDA only)."""
-    active_peak_bytes: int | None = None
-    """Allocator ``active_bytes.all.peak`` (CUDA only)."""
+    allocator: AllocatorCounters | None = None
+    """The CUDA caching allocator's peaks over the session (CUDA only)."""
     nvml_peak_used_bytes: int | None = None
     """Highest device memory in use seen by NVML (CUDA with pynvml only)."""
     peak_pinned_bytes: int | None = None
     """Highest pinned host memory of the caching host allocator (CUDA only)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """Every known field under its JSON key (the CUDA ones only on CUDA)."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if v is not None:
-                out[_KEY.get(f.name, f.name)] = v
+        """One flat JSON object; the CUDA keys only on CUDA."""
+        out: dict[str, Any] = {"peak_rss_bytes": self.peak_rss_bytes, "seconds": self.seconds,
+                               "steps": self.steps}
+        if self.allocator is not None:
+            out.update(self.allocator.to_dict(), nvml_peak_used_bytes=self.nvml_peak_used_bytes,
+                       peak_pinned_bytes=self.peak_pinned_bytes)
         return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Counters:
-        kw = {f.name: d.get(_KEY.get(f.name, f.name)) for f in fields(cls)}
-        kw["peak_rss_bytes"] = int(kw["peak_rss_bytes"] or 0)
-        kw["seconds"] = float(kw["seconds"] or 0.0)
-        kw["steps"] = int(kw["steps"] or 0)
-        return cls(**kw)
+        return cls(peak_rss_bytes=int(d.get("peak_rss_bytes", 0)),
+                   seconds=float(d.get("seconds", 0.0)), steps=int(d.get("steps", 0)),
+                   allocator=(AllocatorCounters.from_dict(d) if "max_memory_allocated" in d
+                              else None),
+                   nvml_peak_used_bytes=d.get("nvml_peak_used_bytes"),
+                   peak_pinned_bytes=d.get("peak_pinned_bytes"))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..breakdown import Breakdown, Category, Item, Moment, Phase, RankBreakdown, Step
+from ..results import DeviceInfo, ModelInfo
 
 __all__ = ["ALL_GROUPS", "CATEGORIES", "PHASES", "MomentMeasurement", "StepMeasurement",
            "module_table", "moments_of", "to_breakdown"]
@@ -112,7 +113,7 @@ def moments_of(steps: Sequence[StepMeasurement], how: str) -> tuple[Moment, ...]
 
 
 def to_breakdown(steps: Sequence[StepMeasurement], *, source: str, how: str,
-                 model: dict[str, Any], recipe: dict[str, Any], device: dict[str, Any],
+                 model: ModelInfo, recipe: dict[str, Any], device: DeviceInfo,
                  role: str = "every rank", outside: tuple[Item, ...] = (),
                  unmodelled: tuple[Category, ...] = (), notes: tuple[str, ...] = ()) -> Breakdown:
     """One-role ``Breakdown`` of measured (or traced) steps; ``how`` fills each item's formula."""

@@ -93,9 +93,9 @@ class CaseResult:
         return {
             "name": self.case.name,
             "model": Path(self.case.model).stem,
-            "recipe": {"precision": r.precision, "optimizer": r.optimizer, "method": r.method,
-                       "checkpointing": r.checkpointing, "attention": r.attention,
-                       "micro_batch": r.micro_batch, "seq_len": r.seq_len, "device": r.device},
+            "recipe": {"precision": r.precision.kind, "optimizer": r.optimizer.kind, "method": r.method.kind,
+                       "checkpointing": r.checkpointing.kind, "attention": r.platform.attention,
+                       "micro_batch": r.batch.micro_batch, "seq_len": r.batch.seq_len, "device": r.platform.device},
             "measured_peak_allocated_bytes": (None if self.measured is None
                                               else measured_peak(self.measured)),
             "traced_peak_allocated_bytes": peak(self.traced),
@@ -159,9 +159,9 @@ class ValidationReport:
 
 def measured_peak(b: Breakdown) -> int:
     """The measured peak allocated bytes: the CUDA allocator's ``max_memory_allocated`` when the
-    run recorded it (``device['allocator']``), else the live-tensor peak."""
-    alloc = b.device.get("allocator") or {}
-    return int(alloc.get("max_memory_allocated", b.worst.peak_allocated_bytes))
+    run recorded it (``DeviceInfo.allocator``), else the live-tensor peak."""
+    alloc = b.device.allocator
+    return alloc.max_memory_allocated if alloc is not None else b.worst.peak_allocated_bytes
 
 
 def _tiny(name: str) -> str:
