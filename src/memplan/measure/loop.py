@@ -40,13 +40,12 @@ import os
 import time
 from contextlib import ExitStack
 from dataclasses import replace
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..breakdown import Breakdown, Category, Item, Moment, Phase, Pool, RankBreakdown, Step
+from ..breakdown import Breakdown, Category, Phase
 from ..results import AllocatorCounters, DeviceInfo, ModelInfo
 from ..runtime.book import (
     close_step,
@@ -59,10 +58,13 @@ from ..runtime.book import (
     tensors_of,
 )
 from ..runtime.labels import BATCH, OPTIMIZER, ROOT, ModuleLabeller
-from ..runtime.steps import StepMeasurement, moments_of
+from ..runtime.steps import StepMeasurement, step_record
 from ..runtime.tracker import StorageTracker, Window, graph_task_id
+from .assemble import assemble
+from .ending import parse_cuda_oom, signal_name
 from .report import Counters, MeasureReport
 from .sampler import Nvml, Sampler, host_total_bytes, rss_bytes
+from .stream import FLUSH_S, Stream, stream_path
 
 __all__ = ["Session", "session", "REPORT_NAME"]
 
@@ -70,7 +72,6 @@ REPORT_NAME = "memplan-measure"
 """Stem of the files a session writes: ``<stem>.json`` and ``<stem>.png`` (``<stem>.rank<R>.*``
 for each rank under torchrun, and the aggregate ``<stem>.json`` by rank 0)."""
 
-HOW = "measured: live storage bytes (memplan.measure.session)"
 _TIMELINE_POINTS = 400  # per step, enough for a plot
 
 
@@ -79,8 +80,10 @@ class Session:
 
     def __init__(self, *, model: torch.nn.Module | None = None,
                  optimizer: torch.optim.Optimizer | None = None, out: str | Path | None = None,
-                 interval_s: float = 0.01, track_tensors: bool = True, plot: bool = True):
+                 interval_s: float = 0.01, track_tensors: bool = True, plot: bool = True,
+                 flush_s: float = FLUSH_S):
         self.model, self.optimizer = model, optimizer
+        self.flush_s = flush_s
         self.out = Path(out) if out is not None else None
         self.interval_s = interval_s
         self.track_tensors = track_tensors
@@ -89,6 +92,9 @@ class Session:
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.steps: list[StepMeasurement] = []
         self.tensor_timeline: list[tuple[float, dict[str, int]]] = []
+        self.records: list[dict[str, Any]] = []
+        """Everything recorded, as streamed to ``<out>/memplan-measure.rank<R>.<pid>.jsonl``."""
+        self.stream: Stream | None = None
         self.counters: Counters | None = None
         self.breakdown: Breakdown | None = None
         self.report: MeasureReport | None = None
@@ -144,21 +150,56 @@ class Session:
             self._stack.enter_context(torch.autograd.graph.saved_tensors_hooks(
                 self.tracker.pack_hook, self.tracker.unpack_hook))
             self._stack.callback(self.tracker.close)
+        if self.out is not None:
+            self.stream = Stream(stream_path(self.out, self.rank, os.getpid()),
+                                 flush_s=self.flush_s)
+        self._record({"kind": "start", "rank": self.rank, "world_size": self.world,
+                      "pid": os.getpid(), "cuda": self.cuda, "model": self._model().to_dict(),
+                      "device": self._device().to_dict()}, flush=True)
         self.sampler = Sampler(self._sample, self.interval_s)
         self.sampler.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def _record(self, record: dict[str, Any], *, flush: bool = False) -> None:
+        self.records.append(record)
+        if self.stream is not None:
+            self.stream.put(record, flush=flush)
+
+    def record_exception(self, exc: BaseException) -> None:
+        """Record the exception that is ending the process (CUDA OOM details included)."""
+        rec: dict[str, Any] = {"kind": "exception", "type": type(exc).__name__,
+                               "message": str(exc).strip().split("\n")[0][:2000]}
+        if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc):
+            rec["cuda_oom"] = parse_cuda_oom(str(exc), self._allocator_now()).to_dict()
+        self._record(rec, flush=True)
+
+    def record_signal(self, signum: int) -> None:
+        """Record that signal ``signum`` is ending the process, and flush."""
+        self.sampler.sample()
+        self._record({"kind": "signal", "signal": signal_name(signum)}, flush=True)
+
+    def _allocator_now(self) -> dict[str, int] | None:
+        if not self.cuda:
+            return None
+        return {"memory_allocated": torch.cuda.memory_allocated(self.cuda_index),
+                "memory_reserved": torch.cuda.memory_reserved(self.cuda_index),
+                "max_memory_allocated": torch.cuda.max_memory_allocated(self.cuda_index),
+                "max_memory_reserved": torch.cuda.max_memory_reserved(self.cuda_index)}
+
+    def __exit__(self, exc_type: Any = None, exc: BaseException | None = None,
+                 tb: Any = None) -> None:
+        if exc is not None:
+            self.record_exception(exc)
         if self.tracker.window is not None:
             self._close_step(None)
         self.sampler.stop()
         self._stack.close()
         self.counters = self._counters()
-        self.breakdown = self._breakdown()
-        self.report = MeasureReport(
-            breakdown=self.breakdown, rank=self.rank, world_size=self.world,
-            counters=self.counters, samples=tuple(self.samples),
-            tensors=tuple({"t": t, **c} for t, c in self.tensor_timeline))
+        self._record({"kind": "end", "counters": self.counters.to_dict()}, flush=True)
+        if self.stream is not None:
+            self.stream.close()
+        self.report = assemble(self.records)
+        self.breakdown = self.report.breakdown
         if self.out is not None:
             self.write(self.out)
 
@@ -221,8 +262,13 @@ class Session:
         t.owner = BATCH if self.labeller else ""
         if w is None or w.peak < 0:
             return
-        self.steps.append(step_measurement(t, w))
+        m = step_measurement(t, w)
+        self.steps.append(m)
+        n = len(self.tensor_timeline)
         self._timeline_of(w)
+        self._record({"kind": "step", "step": step_record(m)})
+        self._record({"kind": "tensors", "points": [
+            {"t": t, **c} for t, c in self.tensor_timeline[n:]]}, flush=True)
 
     def _timeline_of(self, w: Window) -> None:
         """Bytes per category over the step in (up to) ``_TIMELINE_POINTS`` buckets of events,
@@ -257,7 +303,12 @@ class Session:
 
     # -- sampling ----------------------------------------------------------------------
     def _sample(self) -> dict[str, Any]:
-        s: dict[str, Any] = {"t": time.perf_counter() - self.t0, "rss_bytes": rss_bytes()}
+        t = self.tracker
+        w = t.window
+        s: dict[str, Any] = {"t": time.perf_counter() - self.t0, "rss_bytes": rss_bytes(),
+                             "step": w.step if w is not None else None,
+                             "phase": str(t.phase) if t.phase is not None else None,
+                             "moment": _last_label(w)}
         if self.track_tensors:
             s["live_tensor_bytes"] = self.tracker.live_bytes
         if self.cuda:
@@ -269,6 +320,7 @@ class Session:
             host = getattr(torch.cuda, "host_memory_stats", None)
             if host is not None:
                 s["pinned_bytes"] = int(host().get("allocated_bytes.all.current", 0))
+        self._record({"kind": "sample", "sample": s})
         return s
 
     def _counters(self) -> Counters:
@@ -287,56 +339,21 @@ class Session:
             peak_pinned_bytes=max((s.get("pinned_bytes", 0) for s in samples), default=0))
 
     # -- results -----------------------------------------------------------------------
+    def _model(self) -> ModelInfo:
+        if self.model is None:
+            return ModelInfo(id="(your training loop)", params=0, trainable_params=0, layers=0,
+                             source="measured")
+        ps = list(self.model.parameters())
+        return ModelInfo(id=type(self.model).__name__, params=sum(p.numel() for p in ps),
+                         trainable_params=sum(p.numel() for p in ps if p.requires_grad),
+                         layers=0, source="measured")
+
     def _device(self) -> DeviceInfo:
         if self.cuda:
             props = torch.cuda.get_device_properties(self.cuda_index)
             return DeviceInfo(name=props.name, capacity_bytes=int(props.total_memory),
                               source="torch.cuda.get_device_properties")
         return DeviceInfo(name="cpu", capacity_bytes=host_total_bytes(), source="host memory")
-
-    def _breakdown(self) -> Breakdown:
-        notes: list[str] = []
-        outside: tuple[Item, ...] = ()
-        c = self.counters
-        assert c is not None
-        if self.steps:
-            moments = moments_of(self.steps, HOW)
-            unmodelled: tuple[Category, ...] = ()
-        else:
-            # No step seen with tensor tracking on: the allocator peak is all we know.
-            moments = (Moment(step=Step.STEADY, phase=Phase.FORWARD, label="whole session",
-                              items=(Item(category=Category.TEMPORARY,
-                                          name="uncategorised (tensor tracking off)",
-                                          bytes=c.allocator.max_memory_allocated
-                                          if c.allocator else 0,
-                                          formula="torch.cuda.max_memory_allocated"),)),)
-            unmodelled = tuple(c for c in Category if c != Category.TEMPORARY)
-            notes.append("no training step was tracked: categories are unknown")
-        if self.cuda:
-            assert c.allocator is not None
-            allocated = c.allocator.max_memory_allocated
-            reserved = c.allocator.max_memory_reserved
-            outside = (Item(category=Category.OVERHEAD, name="allocator slack",
-                            bytes=max(0, reserved - allocated), pool=Pool.RESERVED,
-                            formula="max_memory_reserved - max_memory_allocated (measured)"),)
-            if c.nvml_peak_used_bytes:
-                outside += (Item(category=Category.OVERHEAD, name="outside PyTorch (NVML)",
-                                 bytes=max(0, c.nvml_peak_used_bytes - reserved),
-                                 pool=Pool.DEVICE, formula="NVML used - max_memory_reserved"),)
-            notes.append(f"CUDA allocator: max_memory_allocated {allocated} B "
-                         "(block rounding and kernel workspaces included, unlike the moments)")
-        role = f"rank {self.rank}" if self.world > 1 else "every rank"
-        rank = RankBreakdown(role=role, ranks=1, moments=moments, outside=outside,
-                             unmodelled=unmodelled, notes=tuple(notes))
-        model = ModelInfo(id="(your training loop)", params=0, trainable_params=0, layers=0,
-                          source="measured")
-        if self.model is not None:
-            ps = list(self.model.parameters())
-            model = replace(model, id=type(self.model).__name__,
-                            params=sum(p.numel() for p in ps),
-                            trainable_params=sum(p.numel() for p in ps if p.requires_grad))
-        return Breakdown(source="measure", model=model, recipe={}, device=self._device(),
-                         ranks=(rank,))
 
     def write(self, out: str | Path) -> list[Path]:
         """Write the JSON report (and the PNG when matplotlib is installed) under ``out``;
@@ -345,6 +362,14 @@ class Session:
 
         assert self.report is not None
         return write_reports(self.report, Path(out), plot=self.plot)
+
+
+def _last_label(w: Window | None) -> str | None:
+    """The open moment's label; read from the sampler thread while the step runs."""
+    try:
+        return w.segments[-1].label if w is not None else None
+    except IndexError:  # the tracker is replacing the last segment right now
+        return None
 
 
 def session(**kwargs: Any) -> Session:

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..breakdown import Breakdown
 from ..results import AllocatorCounters
+from .ending import RunEnd
 
 __all__ = ["Counters", "MeasureReport"]
 
@@ -76,6 +77,16 @@ class MeasureReport:
     """Ranks whose report was not found (aggregate only)."""
     rank_counters: dict[int, Counters] = field(default_factory=dict)
     """Counters per rank (aggregate only)."""
+    end: RunEnd | None = None
+    """How the process ended (assembled by the parent, or at a clean exit); None when not
+    known."""
+    rank_ends: dict[int, RunEnd] = field(default_factory=dict)
+    """How each rank ended (aggregate only)."""
+
+    @property
+    def ranks_failed(self) -> tuple[int, ...]:
+        """Ranks that did not complete (aggregate only)."""
+        return tuple(r for r, e in sorted(self.rank_ends.items()) if e.how != "completed")
 
     @property
     def peak_rss_bytes(self) -> int:
@@ -87,11 +98,15 @@ class MeasureReport:
         out = self.breakdown.to_dict()
         if self.aggregate:
             out.update(world_size=self.world_size, ranks_missing=list(self.ranks_missing),
-                       counters={f"rank{r}": c.to_dict() for r, c in self.rank_counters.items()})
+                       ranks_failed=list(self.ranks_failed),
+                       counters={f"rank{r}": c.to_dict() for r, c in self.rank_counters.items()},
+                       ends={f"rank{r}": e.to_dict() for r, e in self.rank_ends.items()})
             return out
         out.update(rank=self.rank, world_size=self.world_size,
                    counters=self.counters.to_dict() if self.counters else {},
                    timeline={"samples": list(self.samples), "tensors": list(self.tensors)})
+        if self.end is not None:
+            out["end"] = self.end.to_dict()
         return out
 
     @classmethod
@@ -101,9 +116,12 @@ class MeasureReport:
             return cls(breakdown=b, world_size=int(d.get("world_size", 1)), aggregate=True,
                        ranks_missing=tuple(int(r) for r in d["ranks_missing"]),
                        rank_counters={int(k.removeprefix("rank")): Counters.from_dict(c)
-                                      for k, c in d.get("counters", {}).items()})
+                                      for k, c in d.get("counters", {}).items()},
+                       rank_ends={int(k.removeprefix("rank")): RunEnd.from_dict(e)
+                                  for k, e in d.get("ends", {}).items()})
         tl = d.get("timeline", {})
         return cls(breakdown=b, rank=int(d.get("rank", 0)),
                    world_size=int(d.get("world_size", 1)),
                    counters=Counters.from_dict(d["counters"]) if d.get("counters") else None,
-                   samples=tuple(tl.get("samples", ())), tensors=tuple(tl.get("tensors", ())))
+                   samples=tuple(tl.get("samples", ())), tensors=tuple(tl.get("tensors", ())),
+                   end=RunEnd.from_dict(d["end"]) if d.get("end") else None)

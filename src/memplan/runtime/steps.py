@@ -19,7 +19,7 @@ from ..breakdown import Breakdown, Category, Item, Moment, Phase, RankBreakdown,
 from ..results import DeviceInfo, ModelInfo
 
 __all__ = ["ALL_GROUPS", "CATEGORIES", "PHASES", "MomentMeasurement", "StepMeasurement",
-           "module_table", "moments_of", "to_breakdown"]
+           "module_table", "moments_of", "step_from_record", "step_record", "to_breakdown"]
 
 PHASES: tuple[Phase, ...] = tuple(Phase)
 """The phases of a step, in order."""
@@ -92,6 +92,27 @@ class StepMeasurement:
             "start_bytes": self.start_bytes,
             "end_bytes": self.end_bytes,
         }
+
+
+def step_record(m: StepMeasurement) -> dict[str, Any]:
+    """``m`` as plain JSON, moments included (what a measuring process streams per step)."""
+    return {**m.to_dict(), "moments": [
+        {"label": x.label, "phase": str(x.phase), "peak_bytes": x.peak_bytes,
+         "by_owner": {o: {str(c): b for c, b in cats.items()} for o, cats in x.by_owner.items()}}
+        for x in m.moments]}
+
+
+def step_from_record(d: dict[str, Any]) -> StepMeasurement:
+    """Inverse of ``step_record``."""
+    return StepMeasurement(
+        step=int(d["step"]), peak_bytes=int(d["peak_bytes"]), peak_phase=Phase(d["peak_phase"]),
+        phase_peaks={Phase(p): int(b) for p, b in d["phase_peaks"].items()},
+        at_peak={Category(c): int(b) for c, b in d["at_peak"].items()},
+        start_bytes=int(d["start_bytes"]), end_bytes=int(d["end_bytes"]),
+        moments=tuple(MomentMeasurement(
+            label=x["label"], phase=Phase(x["phase"]), peak_bytes=int(x["peak_bytes"]),
+            by_owner={o: {Category(c): int(b) for c, b in cats.items()}
+                      for o, cats in x["by_owner"].items()}) for x in d.get("moments", ())))
 
 
 def _moment(step: Step, m: MomentMeasurement, how: str) -> Moment:
