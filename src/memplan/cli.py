@@ -275,10 +275,16 @@ def measure(
             return cmp(report.breakdown, Breakdown.from_dict(read_json(against)))
 
         rows = _guard(compare)
+    from .measure.aggregate import NO_PLOT, plot_available
+
+    if not plot_available():
+        typer.echo(NO_PLOT, err=True)
     if format == "json":
         _emit_json({"report": str(out), "exit_code": code, "comparison": rows,
                     "peak_allocated_bytes": max(r.peak_allocated_bytes
-                                                for r in report.breakdown.ranks)})
+                                                for r in report.breakdown.ranks),
+                    "ended": {r: e.to_dict() for r, e in report.endings.items()},
+                    "ranks_missing": list(report.ranks_missing)})
     else:
         from rich.console import Console
 
@@ -289,6 +295,13 @@ def measure(
         console.print(f"measured: peak {fmt_bytes(worst.peak_allocated_bytes)} at "
                       f"{worst.peak_moment.label} ({worst.peak_step} step); host RSS peak "
                       f"{fmt_bytes(report.peak_rss_bytes)}; report in {out}/")
+        for r, e in report.endings.items():
+            if e.how != "completed" or e.report_errors:
+                who = f"rank {r}" if report.world_size > 1 else "run"
+                console.print(f"{who} ended: {e.diagnosis}"
+                              + "".join(f"; {x}" for x in e.report_errors))
+        if report.ranks_missing:
+            console.print(f"no report from rank(s) {', '.join(map(str, report.ranks_missing))}")
         if rows is not None:
             from .report.measured import render_comparison
 

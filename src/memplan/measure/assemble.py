@@ -79,6 +79,8 @@ class ParentView:
     """RSS of the process tree at the parent's last sample."""
     peak_rss_bytes: int | None = None
     """Highest RSS of the process tree the parent saw."""
+    gpu_used_peak_bytes: int | None = None
+    """Highest GPU memory in use (NVML) the parent saw."""
 
 
 def _ending(records: list[dict[str, Any]], samples: list[dict[str, Any]],
@@ -121,6 +123,7 @@ def _ending(records: list[dict[str, Any]], samples: list[dict[str, Any]],
         exception=f"{exc['type']}: {exc['message']}" if exc else None, cuda_oom=oom,
         last_step=step, last_phase=phase, last_moment=moment, last_rss_bytes=last_rss,
         peak_rss_bytes=peak_rss, memory_limit_bytes=limit, memory_limit_source=source,
+        gpu_used_peak_bytes=parent.gpu_used_peak_bytes if parent else None,
         diagnosis=diagnose(how=how, sig=sig, exception=exc["type"] if exc else None,
                            cuda_oom=oom, last_rss=last_rss, peak_rss=peak_rss, limit=limit,
                            limit_source=source, where=where),

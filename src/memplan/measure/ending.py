@@ -126,6 +126,8 @@ class RunEnd:
     """The limit that applies (cgroup, else the node's RAM)."""
     memory_limit_source: str = "unknown"
     """Where ``memory_limit_bytes`` comes from."""
+    gpu_used_peak_bytes: int | None = None
+    """Highest GPU memory in use (NVML, all GPUs) seen by the parent; None without NVML."""
     diagnosis: str = ""
     """One sentence, where the evidence supports one."""
     report_errors: tuple[str, ...] = ()

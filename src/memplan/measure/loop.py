@@ -95,6 +95,9 @@ class Session:
         self.records: list[dict[str, Any]] = []
         """Everything recorded, as streamed to ``<out>/memplan-measure.rank<R>.<pid>.jsonl``."""
         self.stream: Stream | None = None
+        self.parent_assembles = False
+        """Set by ``autostart`` under ``memplan measure``: write this rank's JSON only; the
+        parent writes the PNG and the aggregate."""
         self.counters: Counters | None = None
         self.breakdown: Breakdown | None = None
         self.report: MeasureReport | None = None
@@ -361,7 +364,8 @@ class Session:
         from .aggregate import write_reports
 
         assert self.report is not None
-        return write_reports(self.report, Path(out), plot=self.plot)
+        return write_reports(self.report, Path(out), plot=self.plot and not self.parent_assembles,
+                             wait_for_ranks=not self.parent_assembles)
 
 
 def _last_label(w: Window | None) -> str | None:

@@ -84,6 +84,13 @@ class MeasureReport:
     """How each rank ended (aggregate only)."""
 
     @property
+    def endings(self) -> dict[int, RunEnd]:
+        """How each rank ended, where known (one entry for a single rank's report)."""
+        if self.aggregate:
+            return dict(self.rank_ends)
+        return {self.rank: self.end} if self.end is not None else {}
+
+    @property
     def ranks_failed(self) -> tuple[int, ...]:
         """Ranks that did not complete (aggregate only)."""
         return tuple(r for r, e in sorted(self.rank_ends.items()) if e.how != "completed")

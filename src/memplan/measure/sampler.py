@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Nvml", "Sampler", "host_total_bytes", "rss_bytes"]
+__all__ = ["Nvml", "Sampler", "host_total_bytes", "nvml_used_bytes", "rss_bytes", "tree_rss_bytes"]
 
 
 def rss_bytes(pid: int | None = None) -> int:
@@ -85,3 +85,56 @@ class Sampler:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             self.sample()
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """RSS of ``pid`` and all its descendants (DataLoader workers, torchrun's ranks); 0 once
+    the process is gone. Shared pages are counted once per process, like ``ps``."""
+    try:
+        import psutil
+    except ImportError:
+        return _tree_rss_proc(pid)
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += int(p.memory_info().rss)
+        except psutil.Error:
+            continue
+    return total
+
+
+def _tree_rss_proc(pid: int) -> int:
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(d))
+    todo, total = [pid], 0
+    while todo:
+        p = todo.pop()
+        total += rss_bytes(p)
+        todo.extend(children.get(p, ()))
+    return total
+
+
+def nvml_used_bytes() -> int | None:
+    """Memory in use on all GPUs together (NVML), or None without pynvml or a GPU."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+        n = pynvml.nvmlDeviceGetCount()
+        return sum(int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used)
+                   for i in range(n))
+    except Exception:  # noqa: BLE001 - absent library or driver: no GPU reading
+        return None
