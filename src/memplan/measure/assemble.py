@@ -94,7 +94,7 @@ def _ending(records: list[dict[str, Any]], samples: list[dict[str, Any]],
         sig = sig or ("SIGINT" if how == "signal" else None)
     elif sig_rec is not None:
         how = "signal"
-    elif closed:
+    elif closed or code == 0:
         how = "completed" if not code else "exit"
     elif code is not None and code < 0:
         sig = signal_name(-code)
@@ -103,8 +103,17 @@ def _ending(records: list[dict[str, Any]], samples: list[dict[str, Any]],
         how = "exit"
     else:
         how = "killed" if not closed else "unknown"
-    last = samples[-1] if samples else {}
+    # Where the run was: the last sample or phase change before the ending was recorded.
+    stop = next((i for i, r in enumerate(records) if r["kind"] in ("exception", "signal")),
+                len(records))
+    before = [r["sample"] for r in records[:stop] if r["kind"] == "sample"]
+    last = before[-1] if before else {}
+    marks = [r for r in records[:stop] if r["kind"] == "phase"]
+    if marks and float(marks[-1]["t"]) >= float(last.get("t", -1.0)):
+        # The phase change was flushed after the last sample: the moment within is unknown.
+        last = {**last, "step": marks[-1]["step"], "phase": marks[-1]["phase"], "moment": None}
     own_rss = [int(s["rss_bytes"]) for s in samples if "rss_bytes" in s]
+    last_t = float(samples[-1]["t"]) if samples else 0.0
     last_rss = parent.last_rss_bytes if parent and parent.last_rss_bytes else (
         own_rss[-1] if own_rss else None)
     peak_rss = max([r for r in (parent.peak_rss_bytes if parent else None, *own_rss) if r],
@@ -116,7 +125,7 @@ def _ending(records: list[dict[str, Any]], samples: list[dict[str, Any]],
     oom = CudaOom.from_dict(exc["cuda_oom"]) if exc and exc.get("cuda_oom") else None
     errors = []
     if not closed and how in ("completed", "exit"):
-        errors.append(f"the process record stops at t={last.get('t', 0):.2f} s without its "
+        errors.append(f"the process record stops at t={last_t:.2f} s without its "
                       "closing record: a write failed (a full disk?) and later moments are lost")
     return RunEnd(
         how=how, exit_code=code, signal=sig,

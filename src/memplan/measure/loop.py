@@ -170,6 +170,7 @@ class Session:
 
     def record_exception(self, exc: BaseException) -> None:
         """Record the exception that is ending the process (CUDA OOM details included)."""
+        self.sampler.sample()
         rec: dict[str, Any] = {"kind": "exception", "type": type(exc).__name__,
                                "message": str(exc).strip().split("\n")[0][:2000]}
         if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc):
@@ -180,6 +181,13 @@ class Session:
         """Record that signal ``signum`` is ending the process, and flush."""
         self.sampler.sample()
         self._record({"kind": "signal", "signal": signal_name(signum)}, flush=True)
+
+    def _phase_record(self) -> None:
+        """Record and flush a phase change, so a kill leaves the phase it happened in."""
+        w = self.tracker.window
+        self._record({"kind": "phase", "t": time.perf_counter() - self.t0,
+                      "step": w.step if w is not None else None,
+                      "phase": str(self.tracker.phase)}, flush=True)
 
     def _allocator_now(self) -> dict[str, int] | None:
         if not self.cuda:
@@ -211,6 +219,7 @@ class Session:
         t = self.tracker
         if t.phase == Phase.FORWARD and graph_task_id() >= 0:
             end_forward(t)  # the autograd engine runs: the backward has begun
+            self._phase_record()
         # An input never seen was made before the session (the batch, say), or outside the
         # dispatcher: it was not allocated by this step, whatever step first reads it.
         t.see_before_step(tensors_of((args, kwargs)))
@@ -241,6 +250,7 @@ class Session:
         if t.window is None:
             self._open_step()
         t.set_phase(Phase.FORWARD)
+        self._phase_record()
         t.owner = ROOT if self.labeller else ""
 
     def _on_step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -249,6 +259,7 @@ class Session:
             self._open_step()
         mark_grads(t, [p for g in optimizer.param_groups for p in g["params"]], self._owners)
         t.set_phase(Phase.OPTIMIZER)
+        self._phase_record()
         t.owner = OPTIMIZER if self.labeller else ""
 
     def _on_step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:

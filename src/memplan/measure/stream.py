@@ -3,7 +3,8 @@ interval, so a process killed without warning (SIGKILL, the OOM killer) leaves e
 its last flush. The report is assembled from this file (``assemble.py``). No torch.
 
 Records (``kind``): ``start`` (rank, world size, pid, model, device), ``sample`` (the periodic
-sample plus the phase, moment and step being run), ``step`` (a closed step with its moments,
+sample plus the phase, moment and step being run), ``phase`` (a phase change, flushed at once),
+``step`` (a closed step with its moments,
 ``memplan.runtime.steps.step_record``), ``tensors`` (the step's tensor timeline), ``exception``
 and ``signal`` (how the process is ending, when it can say), ``end`` (closed cleanly, with the
 counters). A line cut by a kill is skipped when read.
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -99,12 +99,3 @@ def read_stream(path: Path) -> list[dict[str, Any]]:
                 continue
     return out
 
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
