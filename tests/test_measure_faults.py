@@ -25,8 +25,8 @@ def _measure(tmp_path, fault, *, at_step=2, at_phase="forward", cmd=None, timeou
     r = subprocess.run([sys.executable, "-m", "memplan", "measure", "--out", str(out),
                         "--format", "json", "--", *(cmd or [sys.executable, str(SCRIPT)])],
                        capture_output=True, text=True, env=env, timeout=timeout)
-    assert "Traceback (most recent call last)" not in r.stderr.replace(
-        "RuntimeError: boom", "") or fault in ("exception", "oom", "keyboard"), r.stderr
+    # The user's program may print its own traceback; memplan never adds one.
+    assert f"{os.sep}memplan{os.sep}" not in r.stderr, r.stderr
     report = json.loads((out / "memplan-measure.json").read_text())
     return r, report, out
 
@@ -129,3 +129,20 @@ def test_memory_limit_prefers_the_cgroup(tmp_path):
     assert memory_limit(tmp_path, meminfo) == (2**30, "cgroup memory.max")
     (tmp_path / "memory.max").write_text("max\n")
     assert memory_limit(tmp_path, meminfo) == (16384 * 1024, "MemTotal")
+
+
+def test_torchrun_two_ranks_one_killed(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(SCRIPT.with_name("ddp.py"))]
+    r, agg, out = _measure(tmp_path, "none", cmd=cmd)
+    assert r.returncode != 0
+    assert agg["world_size"] == 2 and agg["ranks_missing"] == []
+    assert 1 in agg["ranks_failed"]
+    assert agg["ends"]["rank1"]["how"] == "killed"
+    assert agg["ends"]["rank1"]["last_step"] == 2
+    assert agg["ends"]["rank1"]["last_phase"] == "forward"
+    # The surviving rank's report is whole and says torchrun stopped it.
+    rank0 = json.loads((out / "memplan-measure.rank0.json").read_text())
+    assert rank0["counters"]["steps"] >= 2 and rank0["end"]["how"] != "completed"
+    assert json.loads((out / "memplan-measure.rank1.json").read_text())["counters"]["steps"] == 2
+    assert [x["role"] for x in agg["gpu"]["per_rank"]] == ["rank 0", "rank 1"]
