@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..units import fmt_bytes
+
 __all__ = ["CudaOom", "RunEnd", "diagnose", "memory_limit", "parse_cuda_oom", "OOM_NEAR"]
 
 OOM_NEAR = 0.10
@@ -159,19 +161,19 @@ def diagnose(*, how: str, sig: str | None, exception: str | None, cuda_oom: Cuda
              limit_source: str, where: str) -> str:
     """The diagnosis sentence of ``RunEnd`` (see the module docstring for the OOM rule)."""
     if cuda_oom is not None:
-        req = f" of {cuda_oom.requested_bytes} B" if cuda_oom.requested_bytes else ""
+        req = f" of {fmt_bytes(cuda_oom.requested_bytes)}" if cuda_oom.requested_bytes else ""
         return f"CUDA out of memory: an allocation{req} failed {where}"
     if how == "completed":
         return "completed"
     if how in ("killed", "signal") and sig in (None, "SIGKILL"):
         rss = max(r for r in (last_rss, peak_rss, 0) if r is not None)
         if limit and rss >= (1 - OOM_NEAR) * limit:
-            return (f"likely killed by the OOM killer: resident memory {rss} B reached "
-                    f"{rss / limit:.0%} of the {limit_source} limit ({limit} B) {where}")
+            return (f"likely killed by the OOM killer: resident memory {fmt_bytes(rss)} reached "
+                    f"{rss / limit:.0%} of the {limit_source} limit ({fmt_bytes(limit)}) {where}")
         if limit and rss:
-            return (f"killed (SIGKILL or equivalent) {where}; resident memory {rss} B was "
-                    f"{rss / limit:.0%} of the {limit_source} limit ({limit} B), so not the "
-                    "host OOM killer by this evidence")
+            return (f"killed (SIGKILL or equivalent) {where}; resident memory {fmt_bytes(rss)} "
+                    f"was {rss / limit:.0%} of the {limit_source} limit ({fmt_bytes(limit)}), so "
+                    "not the host OOM killer by this evidence")
         return f"killed without a word (SIGKILL or equivalent) {where}"
     if how == "signal":
         return f"stopped by {sig} {where} (a scheduler's stop, or Ctrl-C)"

@@ -125,9 +125,10 @@ class Session:
         self.tracker.start_timing()
         self.labeller = None
         if self.model is not None:
-            self.labeller = ModuleLabeller(self.model, self.tracker)
-            self._owners = self.labeller.owner_of_tensor
-            self._stack.callback(self.labeller.detach)
+            if self.track_tensors:  # module moments need the tracker; skip their hooks otherwise
+                self.labeller = ModuleLabeller(self.model, self.tracker)
+                self._owners = self.labeller.owner_of_tensor
+                self._stack.callback(self.labeller.detach)
             mark_params(self.tracker, params + list(self.model.buffers()), self._owners)
             h = self.model.register_forward_pre_hook(self._on_forward)
         else:
