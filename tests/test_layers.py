@@ -40,8 +40,9 @@ ALLOWED: dict[tuple[str, str], str] = {
 }
 """(from, to) -> why it is still there and what removes it."""
 
-NO_TORCH_AT_IMPORT = ("errors", "units", "results", "facts", "model", "hardware", "recipe", "breakdown", "estimate",
-                      "host", "timing", "system", "report", "api", "cli_options", "cli")
+NO_TORCH_AT_IMPORT = ("errors", "units", "results", "facts", "model", "hardware", "recipe",
+                      "breakdown", "estimate", "host", "timing", "system", "report", "api",
+                      "cli_options", "cli")
 """Packages that must not import torch at module level (``memplan estimate`` starts fast)."""
 
 MAX_LINES = 420

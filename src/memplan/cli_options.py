@@ -38,8 +38,9 @@ def option_help(info: FieldInfo) -> str:
 
 def _parameter(info: FieldInfo, name: str | None = None) -> inspect.Parameter:
     kind = _TYPES[info.type]
+    option = typer.Option(help=option_help(info))
     return inspect.Parameter(name or info.key, inspect.Parameter.KEYWORD_ONLY, default=None,
-                             annotation=Annotated[kind | None, typer.Option(help=option_help(info))])
+                             annotation=Annotated[kind | None, option])
 
 
 def host_option(key: str) -> Any:

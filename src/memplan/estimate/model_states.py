@@ -35,7 +35,8 @@ def _sum(pairs: list[tuple[Held, float]], recipe: Recipe, shard: bool) -> int:
     out = 0.0
     for h, b in pairs:
         if shard:
-            b /= recipe.parallelism.expert_shard_degree if h.expert else recipe.parallelism.shard_degree
+            par = recipe.parallelism
+            b /= par.expert_shard_degree if h.expert else par.shard_degree
         out += b
     return math.ceil(out)
 
@@ -117,7 +118,8 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
     # torch optimizers allocate states like the parameter: fp32 adapters get fp32 states.
     adapter_state = "fp32" if dt.state == "fp32" else recipe.method.adapter_dtype
     add(Category.OPTIMIZER, f"{recipe.optimizer.kind} states",
-        [(h, optimizer_state_bytes(h, recipe.optimizer.kind, adapter_state if h.adapter else dt.state))
+        [(h, optimizer_state_bytes(h, recipe.optimizer.kind,
+                                   adapter_state if h.adapter else dt.state))
          for h in trainable],
         shard=z >= 1, pool=state_pool, lazy=z == 0,
         formula="see estimate/states.py:optimizer_state_bytes" + (

@@ -70,7 +70,8 @@ def estimate_host(b: Breakdown, model: ModelSpec, recipe: Recipe, hw: NodeHardwa
     trainable = b.model.trainable_params
     model_par = recipe.parallelism.tp * recipe.parallelism.pp
     shard = recipe.parallelism.shard_degree
-    largest = max(t.numel_per_rank(recipe.parallelism.tp, recipe.parallelism.ep) for t in model.tensors)
+    par = recipe.parallelism
+    largest = max(t.numel_per_rank(par.tp, par.ep) for t in model.tensors)
     lines: list[HostLine] = []
     notes: list[str] = []
 
@@ -146,7 +147,8 @@ def _nvme(b: Breakdown, recipe: Recipe, hw: NodeHardware, setup: HostSetup, loca
                               moments=STEADY, formula=f"{local} ranks x NVMe-offloaded bytes per "
                               "rank (parameters and optimizer states, from the GPU breakdown)"))
     if setup.checkpoint != "none" and setup.keep_checkpoints:
-        per_node = (math.ceil(state * local / recipe.parallelism.gpus) if setup.checkpoint == "sharded"
+        gpus = recipe.parallelism.gpus
+        per_node = (math.ceil(state * local / gpus) if setup.checkpoint == "sharded"
                     else state)
         lines.append(HostLine(
             name=f"checkpoints kept ({setup.keep_checkpoints})",
