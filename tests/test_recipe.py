@@ -95,6 +95,7 @@ def test_every_recipe_key_is_a_cli_flag_with_its_docstring():
     out = CliRunner().invoke(app, ["estimate", "--help"], env={"COLUMNS": "400"}).output
     for i in describe_fields():
         assert "--" + i.key.replace("_", "-") in out, i.key
+    assert "(default: bf16-mixed)" in out and "Choices: 32-true | 16-mixed" in out
 
 
 def test_cli_flag_reaches_a_field_missing_before():
