@@ -19,6 +19,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("results",),
     ("model", "hardware", "catalog"),
     ("recipe",),
+    ("facts",),
     ("breakdown",),
     # the torch side's shared part: tracker, labels, workload builder, fake tensors
     ("runtime",),
@@ -33,18 +34,16 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 """Lowest first. A package may import its own modules and any package of a lower layer."""
 
 ALLOWED: dict[tuple[str, str], str] = {
-    ("host", "estimate"): "dtype rules of estimate/precision.py: move to the facts data file "
-                          "(issue #10 step 4)",
-    ("timing", "estimate"): "dtype rules and layout: move to the facts data file (step 4)",
-    ("timing", "host"): "HostSetup/NodeHardware and host constants: facts file (step 4)",
-    ("trace", "estimate"): "the tracer reads the estimate's dtype rules (step 4)",
-    ("measure", "report"): "measure renders its PNG through report.plot; torch runtime split "
-                           "(issue #10 item 4)",
+    ("trace", "estimate"): "trace/__init__.py adds the estimator's CUDA-context line "
+                           "(estimate.overhead.overhead_items); move the constant to facts",
+    ("measure", "report"): "measure/aggregate.py draws its PNG with report.plot (function-local, "
+                           "also for session() without the CLI): move plotting to the CLI side",
 }
 """(from, to) -> why it is still there and what removes it."""
 
-NO_TORCH_AT_IMPORT = ("errors", "units", "results", "model", "hardware", "recipe", "breakdown", "estimate",
-                      "host", "timing", "system", "report", "api", "cli_options", "cli")
+NO_TORCH_AT_IMPORT = ("errors", "units", "results", "facts", "model", "hardware", "recipe",
+                      "breakdown", "estimate", "host", "timing", "system", "report", "api",
+                      "cli_options", "cli")
 """Packages that must not import torch at module level (``memplan estimate`` starts fast)."""
 
 MAX_LINES = 420

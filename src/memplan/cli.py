@@ -76,7 +76,7 @@ _MODEL_HELP = ("HF id from the catalog (see `memplan models`), a config.json / m
 def estimate(
     model: Annotated[str, typer.Argument(help=_MODEL_HELP)],
     gpu: Annotated[str | None, Opt(help="GPU name from `memplan gpus`, e.g. H100-80GB. "
-                                        "[default: the --node's GPU, else H100-80GB]")] = None,
+                                        "(default: the --node's GPU, else H100-80GB)")] = None,
     recipe: Annotated[Path | None, Opt(help="Recipe TOML or JSON with the same names "
                                             "(underscores); flags given here override it.")] = None,
     node: Annotated[str | None, Opt(help="Node preset (nodes.toml), e.g. DGX-H100, p5.48xlarge: "
@@ -94,7 +94,7 @@ def estimate(
     flags: dict[str, Any] | None = None,
 ) -> None:
     """Estimate per-GPU memory, host RAM, NVMe and step time of one training configuration.
-    More host knobs (dataset, checkpoint format, pinning) go in the recipe's [host] table."""
+    More host knobs (dataset, checkpoint format, pinning) go in the recipe's host table (\\[host] in TOML)."""
     _check_format(format)
     host_flags = {k: v for k, v in dict(load=load, workers=workers, prefetch=prefetch).items()
                   if v is not None}

@@ -24,7 +24,8 @@ _TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool,
 
 
 def option_help(info: FieldInfo) -> str:
-    """Help text of a flag: the docstring, the choices and the default."""
+    """Help text of a flag: the docstring, the choices and the default (in parentheses:
+    square brackets would be read as rich markup)."""
     text = info.help
     if info.choices and info.type == "str":
         text += f" Choices: {' | '.join(info.choices)}."
@@ -32,19 +33,20 @@ def option_help(info: FieldInfo) -> str:
     if isinstance(default, bool):
         default = "on" if default else "off"
     elif isinstance(default, list):
-        default = ",".join(default)
-    return f"{text} [default: {default}]"
+        default = ",".join(default) or "none"
+    return f"{text} (default: {default})"
 
 
 def _parameter(info: FieldInfo, name: str | None = None) -> inspect.Parameter:
     kind = _TYPES[info.type]
+    option = typer.Option(help=option_help(info))
     return inspect.Parameter(name or info.key, inspect.Parameter.KEYWORD_ONLY, default=None,
-                             annotation=Annotated[kind | None, typer.Option(help=option_help(info))])
+                             annotation=Annotated[kind | None, option])
 
 
 def host_option(key: str) -> Any:
     """A ``typer.Option`` for one ``HostSetup`` field, its help from the field's docstring."""
-    from .host.setup import HostSetup
+    from .recipe.host import HostSetup
 
     info = next(i for i in describe_dataclass(HostSetup, "host") if i.key == key)
     return typer.Option(help=option_help(info))

@@ -24,8 +24,8 @@ def test_gt038_llama2_7b_lora_weights_after_init():
     """GT038: torchtune README @c69fba18b, llama2/7B_lora_single_device, bf16 weights + LoRA
     (r=8 on q,v, bf16 adapters), reserved after model init = 13.98 GB = 13.02 GiB."""
     got = _params("meta-llama/Llama-2-7b-hf",
-                  Recipe.of(method="lora", lora_rank=8, lora_targets=("q", "v"), adapter_dtype="bf16",
-                         precision="bf16-true"), "A100-80GB")
+                  Recipe.of(method="lora", lora_rank=8, lora_targets=("q", "v"),
+                            adapter_dtype="bf16", precision="bf16-true"), "A100-80GB")
     measured = 13.02 * GIB
     assert got <= measured <= got * 1.05  # 3.6 % of allocator slack here
 

@@ -21,7 +21,7 @@ from .activations import stage_points
 from .lines import Line
 from .optimizer_step import optimizer_step_items
 from .timeline import Instant, moments
-from .precision import Dtypes, dtypes
+from ..facts import Dtypes, dtypes
 
 __all__ = ["estimate"]
 
@@ -59,7 +59,8 @@ def _instants(model: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> lis
     """The activation timeline of one micro-batch, plus the saved activations of the other
     micro-batches a pipeline stage holds in flight (1F1B: stage i holds pp - i)."""
     points, grad_total = stage_points(model, stage, recipe, dt)
-    inflight = inflight_microbatches(recipe.parallelism.pp, stage.index, recipe.parallelism.pp_virtual,
+    par = recipe.parallelism
+    inflight = inflight_microbatches(par.pp, stage.index, par.pp_virtual,
                                      recipe.batch.grad_accum)
     fwd_end = max((p.saved for p in points if p.phase == "forward"), default=0)
     produced = 0
@@ -75,7 +76,7 @@ def _instants(model: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> lis
             more = f"{inflight - 1:g}"
             items.append(Item(category=Category.ACTIVATIONS,
                               name=f"{more} more micro-batches in flight "
-                              f"({'interleaved ' if recipe.parallelism.pp_virtual > 1 else ''}1F1B)",
+                              f"({'interleaved ' if par.pp_virtual > 1 else ''}1F1B)",
                               bytes=int((inflight - 1) * fwd_end),
                               formula="1F1B: stage i holds pp - i micro-batches' activations "
                               "(Narayanan et al. 2021, §2.2); interleaved: Megatron-Core "
@@ -149,7 +150,8 @@ def estimate(model: ModelSpec, recipe: Recipe, device: Device, *,
 
 
 def _fits(model: ModelSpec, recipe: Recipe, device: Device, micro_batch: int) -> bool:
-    ranks = _ranks(model, replace(recipe, batch=replace(recipe.batch, micro_batch=micro_batch)), device)
+    batch = replace(recipe.batch, micro_batch=micro_batch)
+    ranks = _ranks(model, replace(recipe, batch=batch), device)
     return all(r.device_total_bytes <= device.capacity_bytes for r in ranks)
 
 

@@ -13,6 +13,7 @@ from ..errors import UnsupportedModel, did_you_mean
 from . import classic, decoders
 from ._build import Config
 from .spec import ModelSpec, Tensor
+from .traits import traits_for
 
 Builder = Callable[[Config, str], ModelSpec]
 
@@ -117,5 +118,8 @@ def from_hf_config(data: dict[str, Any], model_id: str, *, where: str = "config.
             "('package.module:function' returning an nn.Module); memplan builds it on the meta device."
         )
     spec = BUILDERS[mt](Config(data, where), model_id)
-    config = spec.config if spec.config is not None else dict(data)
-    return replace(spec, source=source or where, config=with_class_defaults(config))
+    config = with_class_defaults(spec.config if spec.config is not None else dict(data))
+    first = next((ly.attention for ly in spec.layers if ly.attention), None)
+    names = {t.name for ly in spec.layers for t in ly.tensors}
+    traits = traits_for(spec.model_type, config, first.head_dim if first else 0, names)
+    return replace(spec, source=source or where, config=config, traits=traits)

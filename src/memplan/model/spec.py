@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from .traits import Traits
+
 __all__ = ["Component", "Split", "Tensor", "Attention", "Ffn", "Layer", "ModelSpec", "LORA_TARGETS"]
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -160,8 +162,11 @@ class ModelSpec:
     """Where the description came from (catalog row, file, HF cache, module)."""
     notes: tuple[str, ...] = field(default=())
     config: dict[str, Any] | None = field(default=None, compare=False, repr=False)
-    """The HF config it was built from (text config for multimodal models), for the
-    activation model's details (dropout, softcapping); None for ``module:function`` models."""
+    """The HF config it was built from (text config for multimodal models); None for
+    ``module:function`` models."""
+    traits: Traits | None = field(default=None, compare=False, repr=False)
+    """What the activation graph needs beyond the tensors (``model.traits``); None for an
+    architecture memplan has no activation graph for."""
 
     @property
     def tensors(self) -> tuple[Tensor, ...]:

@@ -74,7 +74,8 @@ def describe_dataclass(cls: type, part: str = "") -> tuple[FieldInfo, ...]:
     hints, docs, out = field_types(cls), field_docs(cls), []
     for f in fields(cls):
         kind = hints[f.name]
-        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        default = (f.default if f.default is not MISSING
+                   else f.default_factory())  # type: ignore[misc]
         choices: tuple[str, ...] = tuple(f.metadata.get("choices", ()))
         if isinstance(kind, type) and issubclass(kind, StrEnum):
             name, choices = "str", tuple(str(c) for c in kind)

@@ -82,7 +82,8 @@ def _causal(layer: Layer) -> bool:
 def token_flops(model: ModelSpec, recipe: Recipe) -> TokenFlops:
     """FLOPs per token of a training step of ``model`` under ``recipe`` (module docstring)."""
     n = model.num_layers
-    first_trainable = n - recipe.method.freeze_trainable_layers if recipe.method.kind == "freeze" else 0
+    freeze = recipe.method.kind == "freeze"
+    first_trainable = n - recipe.method.freeze_trainable_layers if freeze else 0
     base_trains = recipe.method.kind == "full"
     m_fwd = a_fwd = 0.0
     model_f = executed = 0.0

@@ -31,11 +31,11 @@ peak, which real FP8 training does not reach (casts and scaling).
 
 from __future__ import annotations
 
-from ..estimate.precision import dtypes
+from ..facts import dtypes
 from ..hardware import Device
-from ..host.constants import constant
-from ..host.hardware import NodeHardware
-from ..host.setup import HostSetup
+from ..facts.constants import constant
+from ..hardware.node_hardware import NodeHardware
+from ..recipe.host import HostSetup
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
 from ..units import dtype_bytes
@@ -96,10 +96,12 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
         return None
     peak = peak_t * 1e12
     eff = setup.matmul_efficiency or constant("matmul_efficiency")
-    tp, pp, cp, ep = recipe.parallelism.tp, recipe.parallelism.pp, recipe.parallelism.cp, recipe.parallelism.ep
-    local = recipe.parallelism.local_gpus
+    par = recipe.parallelism
+    tp, pp, cp, ep = par.tp, par.pp, par.cp, par.ep
+    local = par.local_gpus
     m = recipe.batch.grad_accum
-    tokens_replica = recipe.batch.micro_batch * recipe.batch.seq_len * m
+    tokens_seq = recipe.batch.micro_batch * recipe.batch.seq_len
+    tokens_replica = tokens_seq * m
     split = tp * pp * cp
     fl = token_flops(model, recipe)
     notes: list[str] = []
@@ -107,8 +109,9 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     hbm = (device.hbm_gb_per_s or 0) * 1e9 * constant("hbm_efficiency")
     dt = dtypes(recipe)
     elems_rank = trainable / (tp * pp)
-    part = elems_rank / (recipe.parallelism.shard_degree if recipe.parallelism.zero >= 1 else 1)
-    opt_bytes = 0.0 if recipe.offload.kind != "none" else constant("optimizer_bytes_per_param_gpu") * part
+    part = elems_rank / (par.shard_degree if par.zero >= 1 else 1)
+    opt_bytes = (0.0 if recipe.offload.kind != "none"
+                 else constant("optimizer_bytes_per_param_gpu") * part)
     hbm_bytes = _hbm_bytes_per_token(model, recipe, tp) * tokens_replica / split + opt_bytes
     t_hbm = hbm_bytes / hbm if hbm else 0.0
     if not hbm:
@@ -121,7 +124,7 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
              else Link("pcie", h2d))
     inter = Link("network", hw.network_gb_per_s * constant("network_efficiency")
                  if hw.network_gb_per_s else None)
-    act = recipe.batch.micro_batch * recipe.batch.seq_len / cp * model.hidden_size * dtype_bytes(dt.compute)
+    act = tokens_seq / cp * model.hidden_size * dtype_bytes(dt.compute)
     layers_rank = model.num_layers / pp
     unknown: list[str] = []
 
@@ -157,7 +160,7 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     kv = max((ly.attention.num_kv_heads * (ly.attention.head_dim + ly.attention.v_head_dim)
               for ly in model.layers if ly.attention), default=0)
     cp_link = group_link(tp, cp, local, intra, inter)
-    cp_bytes = recipe.batch.micro_batch * recipe.batch.seq_len / cp * kv * dtype_bytes(dt.compute) / tp
+    cp_bytes = tokens_seq / cp * kv * dtype_bytes(dt.compute) / tp
     t_cp = t(gather_s(cp_bytes * cp, cp, cp_link), "CP link") * 3 * layers_rank * m
 
     # offload over PCIe / NVMe, CPU optimizer

@@ -12,7 +12,7 @@ from ...model.spec import ModelSpec
 from ...recipe import Recipe
 from ...units import dtype_bytes
 from ..layout import Stage
-from ..precision import Dtypes
+from ...facts import Dtypes
 from .blocks import Ctx
 from .families import stage_graph
 from .graph import Point, simulate
@@ -29,15 +29,16 @@ def _context(recipe: Recipe, dt: Dtypes) -> Ctx:
     lora = recipe.method.kind in ("lora", "qlora")
     # torch.autocast: mixed precision with fp32 parameters (ZeRO >= 1 / fp8 keep a 16-bit model)
     amp = recipe.precision.kind.endswith("-mixed") and dtype_bytes(dt.param) == 4 and half < 4
-    return Ctx(batch=recipe.batch.micro_batch, seq=-(-recipe.batch.seq_len // recipe.parallelism.cp), act=int(act),
-               half=int(half), amp=amp,
+    par = recipe.parallelism
+    return Ctx(batch=recipe.batch.micro_batch, seq=-(-recipe.batch.seq_len // par.cp),
+               act=int(act), half=int(half), amp=amp,
                trained=full, cpu=recipe.platform.device == "cpu",
                lora_rank=recipe.method.lora_rank if lora else 0,
                lora_targets=frozenset(recipe.method.lora_targets) if lora else frozenset(),
                adapter=int(dtype_bytes(recipe.method.adapter_dtype)),
                train_act=int(dtype_bytes(dt.param)), loss=recipe.loss.kind,
-               sp=recipe.parallelism.tp if recipe.parallelism.sequence_parallel else 1,
-               capacity=float(recipe.parallelism.moe_capacity_factor))
+               sp=par.tp if par.sequence_parallel else 1,
+               capacity=float(par.moe_capacity_factor))
 
 
 def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> tuple[list[Point], int]:
@@ -45,7 +46,8 @@ def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> t
     simulated graph produces in total (to scale the gradient lines by progress)."""
     ctx = _context(recipe, dt)
     g = stage_graph(spec, stage.layers, ctx, first=stage.index == 0,
-                    last=stage.index == recipe.parallelism.pp - 1, tp=recipe.parallelism.tp, attention=recipe.platform.attention,
+                    last=stage.index == recipe.parallelism.pp - 1, tp=recipe.parallelism.tp,
+                    attention=recipe.platform.attention,
                     checkpointing=recipe.checkpointing.kind,
                     train_from=(spec.num_layers - recipe.method.freeze_trainable_layers
                                 if recipe.method.kind == "freeze" else None))

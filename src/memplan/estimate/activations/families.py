@@ -4,70 +4,66 @@ from __future__ import annotations
 
 import math
 
-from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from ...errors import UnsupportedModel
 from ...model.spec import Layer, ModelSpec
+from ...model.traits import GRAPHS, Graph, Mla, Norm, NormPlacement, QkNorm, Traits
 from .blocks import Blocks, Ctx
-from .graph import Graph, Tensor
+from .graph import Graph as OpGraph
+from .graph import Tensor
 
 __all__ = ["stage_graph"]
 
 
-def _cfg(spec: ModelSpec) -> Mapping[str, Any]:
-    """The model's config.json with transformers' class defaults filled in
-    (``model.hf.with_class_defaults``)."""
-    return spec.config or {}
-
-
-def _num(cfg: Mapping[str, Any], key: str) -> float:
-    """A float setting (dropout probability, softcap); absent or null is 0."""
-    return float(cfg.get(key) or 0.0)
-
-
-def _rotary_fraction(cfg: Mapping[str, Any]) -> float:
-    """GPT-NeoX's share of head_dim that gets rotary: ``rope_parameters.partial_rotary_factor``
-    (transformers 5), else ``partial_rotary_factor``, else ``rotary_pct``."""
-    rope = cfg.get("rope_parameters") or {}
-    for v in (rope.get("partial_rotary_factor"), cfg.get("partial_rotary_factor"),
-              cfg.get("rotary_pct")):
-        if v is not None:
-            return float(v)
-    return 0.25
+def _traits(spec: ModelSpec) -> Traits:
+    """The architecture traits the builders set; a model without them is refused, never drawn
+    as some other family's graph."""
+    if spec.traits is None:
+        raise UnsupportedModel(
+            f"{spec.id} (model_type {spec.model_type!r}): memplan has no activation graph for "
+            "this architecture: its ModelSpec carries no traits (layer graph, norm kind and "
+            "placement, rotary dims, softcaps, attention variant, dropout, loss head). "
+            f"Known families: {', '.join(sorted(GRAPHS))}. To add it, map its model_type to "
+            "a graph in memplan/model/traits.py (GRAPHS, traits_for) and, if no existing "
+            "graph matches its layer, write one in memplan/estimate/activations/families.py.")
+    return spec.traits
 
 
 def _llama_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: int,
                  attention: str, mask: Tensor | None, selective: bool) -> Tensor:
-    cfg, mt = _cfg(spec), spec.model_type
+    tr = _traits(spec)
     h = spec.hidden_size
     a = layer.attention
     ffn = layer.ffn
     assert a is not None and ffn is not None
     heads, kv = max(1, a.num_heads // tp), max(1, a.num_kv_heads // tp)
     d = a.head_dim
-    gemma = mt.startswith("gemma")
+    gemma = tr.norm is Norm.RMS_GEMMA
     names = {t.name for t in layer.tensors}
-    sandwich = any("pre_feedforward_layernorm" in n for n in names)  # Gemma 2/3: 4 norms
-    post_only = mt == "olmo2"
-    qk_norm = any("q_norm" in n for n in names)
+    sandwich = tr.placement is NormPlacement.SANDWICH  # Gemma 2/3: 4 norms
+    post_only = tr.placement is NormPlacement.POST
 
     y = x if post_only else b.rmsnorm(x, h, gemma=gemma)
     if a.kind == "mla":
-        return _llama_rest(b, x, _mla_attention(b, y, h, cfg, heads, attention=attention,
+        assert tr.mla is not None
+        return _llama_rest(b, x, _mla_attention(b, y, h, tr.mla, heads, attention=attention,
+                                                dropout=tr.attention_dropout,
                                                 mask=mask, selective=selective),
                            h, ffn, tp, gemma=gemma, sandwich=sandwich, post_only=post_only)
     q = b.linear(y, h, heads * d, bias=any("q_proj.bias" in n for n in names), role=("q",))
     k = b.linear(y, h, kv * d, bias=any("k_proj.bias" in n for n in names), role=("k",))
     v = b.linear(y, h, kv * d, bias=any("v_proj.bias" in n for n in names), role=("v",))
-    if qk_norm:
-        q = b.rmsnorm(q, heads * d if mt == "olmo2" else d, gemma=gemma)
-        k = b.rmsnorm(k, kv * d if mt == "olmo2" else d, gemma=gemma)
+    if tr.qk_norm is not QkNorm.NONE:
+        full = tr.qk_norm is QkNorm.FULL
+        q = b.rmsnorm(q, heads * d if full else d, gemma=gemma)
+        k = b.rmsnorm(k, kv * d if full else d, gemma=gemma)
     q, k = b.rope(q), b.rope(k)
-    softcap = bool(cfg.get("attn_logit_softcapping")) and mt == "gemma2"
+    softcap = tr.attn_softcap
     with b.g.checkpoint(selective):
         if attention == "eager" or softcap:
-            o = b.eager(q, k, v, heads, kv, dropout=_num(cfg, "attention_dropout"),
+            o = b.eager(q, k, v, heads, kv, dropout=tr.attention_dropout,
                         softcap=softcap, mask=mask)
         else:
             o = b.sdpa(q, k, v, heads)
@@ -96,16 +92,15 @@ def _llama_rest(b: Blocks, x: Tensor, o: Tensor, h: int, ffn: Any, tp: int, *, g
     return b.add(r, m)
 
 
-def _mla_attention(b: Blocks, y: Tensor, h: int, cfg: Mapping[str, Any], heads: int, *,
-                   attention: str, mask: Tensor | None, selective: bool) -> Tensor:
+def _mla_attention(b: Blocks, y: Tensor, h: int, mla: Mla, heads: int, *, attention: str,
+                   dropout: float, mask: Tensor | None, selective: bool) -> Tensor:
     """DeepSeek-V2/V3 multi-head latent attention as transformers 5 writes it
     (``DeepseekV3Attention``): q through the ``q_lora_rank`` bottleneck (``q_a_proj``, norm,
     ``q_b_proj``) or ``q_proj``; ``kv_a_proj_with_mqa`` to the latent plus one shared rope key;
     latent norm; rope on the rope parts (views of q and of the latent output); ``cat`` of q;
     ``kv_b_proj`` to per-head k_nope and v (v stays a view of it); k assembled into a new tensor
     (``new_empty`` + ``copy_``); attention; output projection (returned)."""
-    nope, rope = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"])
-    vd, kvr, qr = int(cfg["v_head_dim"]), int(cfg["kv_lora_rank"]), cfg.get("q_lora_rank")
+    nope, rope, vd, kvr, qr = mla.nope, mla.rope, mla.v, mla.kv_rank, mla.q_rank
     dq = nope + rope
     if qr:
         q = b.linear(b.rmsnorm(b.linear(y, h, int(qr), role=("q",)), int(qr)), int(qr),
@@ -134,7 +129,7 @@ def _mla_attention(b: Blocks, y: Tensor, h: int, cfg: Mapping[str, Any], heads: 
             if b.c.amp:
                 o = b.cast(o, b.c.half)
         elif attention == "eager":
-            o = b.eager(q, k, v, heads, heads, dropout=_num(cfg, "attention_dropout"), mask=mask,
+            o = b.eager(q, k, v, heads, heads, dropout=dropout, mask=mask,
                         out_numel=t * heads * vd)
         else:
             pad = attention == "flash" and vd != dq
@@ -230,30 +225,25 @@ def _classic_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: i
                    attention: str, mask: Tensor | None, selective: bool) -> Tensor:
     """GPT-2 (pre-LN, Conv1D, gelu_new, dropout everywhere), GPT-NeoX (parallel residual,
     partial rotary, fused qkv), BERT (post-LN, dropout) as transformers writes them."""
-    cfg, mt, h = _cfg(spec), spec.model_type, spec.hidden_size
+    tr, h = _traits(spec), spec.hidden_size
     a, ffn = layer.attention, layer.ffn
     assert a is not None and ffn is not None
     heads, d, f = max(1, a.num_heads // tp), a.head_dim, ffn.intermediate_size // tp
-    if mt == "gpt2":
-        p_attn, p_res = _num(cfg, "attn_pdrop"), _num(cfg, "resid_pdrop")
-    elif mt == "bert":
-        p_attn, p_res = _num(cfg, "attention_probs_dropout_prob"), _num(cfg, "hidden_dropout_prob")
-    else:
-        p_attn, p_res = _num(cfg, "attention_dropout"), _num(cfg, "hidden_dropout")
-    rotary = int(d * _rotary_fraction(cfg)) if mt == "gpt_neox" else 0
-    kw = dict(attention=attention, dropout=p_attn, mask=mask, rotary=rotary,
-              neox=mt == "gpt_neox", selective=selective)
+    p_attn, p_res = tr.attention_dropout, tr.residual_dropout
+    neox = tr.graph is Graph.GPT_NEOX
+    kw = dict(attention=attention, dropout=p_attn, mask=mask,
+              rotary=tr.rotary_dims if neox else 0, neox=neox, selective=selective)
 
     def mlp(y: Tensor) -> Tensor:
         u = b.linear(y, h, f, bias=True, role=("up",))
-        act = _gelu_new(b, u) if mt == "gpt2" else b.unary(u)
+        act = _gelu_new(b, u) if tr.graph is Graph.GPT2 else b.unary(u)
         return b.dropout(b.linear(act, f, h, bias=True, role=("down",)), p_res)
 
-    if mt == "bert":  # post-LN
+    if tr.placement is NormPlacement.POST_LN:  # BERT
         att = b.dropout(_qkv_attention(b, x, h, heads, d, **kw), p_res)
         r = b.layernorm(b.add(att, x), h)
         return b.layernorm(b.add(mlp(r), r), h)
-    if mt == "gpt_neox" and cfg.get("use_parallel_residual"):
+    if tr.parallel_residual:
         att = b.dropout(_qkv_attention(b, b.layernorm(x, h), h, heads, d, **kw), p_res)
         m = mlp(b.layernorm(x, h))
         return b.add(b.add(m, att), x)
@@ -262,53 +252,46 @@ def _classic_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: i
     return b.add(mlp(b.layernorm(r, h)), r)
 
 
-_CLASSIC = ("gpt2", "gpt_neox", "bert")
-
-
 def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: bool,
-                tp: int, attention: str, checkpointing: str, train_from: int | None = None) -> Graph:
+                tp: int, attention: str, checkpointing: str,
+                train_from: int | None = None) -> OpGraph:
     """The forward of one pipeline stage (layers ``layers``; embedding if ``first``; final norm,
     head and loss if ``last``) for one micro-batch on one rank. ``train_from``: layers from
     this index on train even when ``ctx.trained`` is false (``method = freeze``)."""
-    g = Graph()
+    tr = _traits(spec)
+    g = OpGraph()
     b = Blocks(g, ctx)
     h, V = spec.hidden_size, spec.vocab_size
-    cfg, mt = _cfg(spec), spec.model_type
     if first:
         g.region = "embedding"
         x = b.embedding(h, V)
-        if mt.startswith("gemma"):
+        if tr.embedding_scale:
             x = b.scale(x)
-        if mt in ("gpt2", "bert"):  # + learned positions (+ token types), dropout
+        if tr.learned_positions:  # + learned positions (+ token types), dropout
             x = b.add(x, b.new(ctx.seq * h // ctx.sp, ctx.act, grad=ctx.trained))
-            if mt == "bert":
+            if tr.token_types:
                 x = b.layernorm(b.add(x, b.new(ctx.tokens // ctx.sp * h, ctx.act,
                                                grad=ctx.trained)), h)
-            p = _num(cfg, "embd_pdrop" if mt == "gpt2" else "hidden_dropout_prob")
-            x = b.dropout(x, p)
+            x = b.dropout(x, tr.embedding_dropout)
     else:  # activations received from the previous stage
         x = b.new(ctx.tokens // ctx.sp * h, ctx.half if not ctx.amp else ctx.act, True)
         g.op([], (x,))
-    if mt not in ("gpt2", "bert") and any(ly.attention for ly in spec.layers):
+    if tr.rotary_dims and any(ly.attention for ly in spec.layers):
         # rotary cos/sin tables (1 x S x rotary dims each), computed once per forward, saved by
         # every layer's rope muls until the backward ends
-        d = spec.layers[0].attention.head_dim if spec.layers[0].attention else 0
-        if mt == "gpt_neox":
-            d = int(d * _rotary_fraction(cfg))
-        elif cfg.get("qk_rope_head_dim"):  # MLA: only the decoupled rope part rotates
-            d = int(cfg["qk_rope_head_dim"])
+        d = tr.rotary_dims
         cos = b.new(ctx.seq * d, ctx.act if ctx.amp or ctx.act == 4 else ctx.half, grad=False)
         sin = b.new(ctx.seq * d, cos.itemsize, grad=False)
         g.op([], (cos, sin), [cos, sin])
     masks: dict[str, Tensor] = {}
-    if attention == "eager" and mt != "bert" or cfg.get("attn_logit_softcapping"):
+    if attention == "eager" and tr.causal or tr.eager_mask:
         # eager attention gets a materialised B x 1 x S x S additive mask in the embedding
         # dtype, one per attention type (full / sliding window: layer_types)
-        for kind in sorted(set(cfg.get("layer_types") or ["full_attention"])):
+        for kind in sorted(set(tr.layer_types or ["full_attention"])):
             masks[kind] = b.new(ctx.batch * ctx.seq * ctx.seq, ctx.act, grad=False)
             g.op([], (masks[kind],))
-    kinds = cfg.get("layer_types") or []
-    layer_fn = _classic_layer if mt in _CLASSIC else _llama_layer
+    kinds = tr.layer_types
+    layer_fn = _llama_layer if tr.graph is Graph.DECODER else _classic_layer
     for i in layers:
         g.region = f"layer {i}"
         mask = masks.get(kinds[i] if i < len(kinds) else "full_attention")
@@ -320,21 +303,20 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
         b.c = ctx
     if last:
         g.region = "head"
-        if mt == "bert":  # MLM head: dense, gelu, LayerNorm, decoder
+        if not tr.causal:  # BERT's MLM head: dense, gelu, LayerNorm, decoder
             x = b.layernorm(b.unary(b.linear(x, h, h, bias=True)), h)
-        elif mt in _CLASSIC:
+        elif tr.norm is Norm.LAYER:
             x = b.layernorm(x, h)
         else:
-            x = b.rmsnorm(x, h, gemma=mt.startswith("gemma"))
-        if ctx.loss != "standard" and mt != "bert":
+            x = b.rmsnorm(x, h, gemma=tr.norm is Norm.RMS_GEMMA)
+        if ctx.loss != "standard" and tr.causal:
             g.region = "loss"
             if ctx.loss == "chunked":
                 b.chunked_lm_loss(x, h, V // tp, trained=ctx.trained)
             else:
                 b.fused_lm_loss(x, h, V // tp, trained=ctx.trained)
             return g
-        logits = b.linear(x, h, V // tp, trained=ctx.trained, bias=mt == "bert")
+        logits = b.linear(x, h, V // tp, trained=ctx.trained, bias=not tr.causal)
         g.region = "loss"
-        b.causal_lm_loss(logits, V // tp, softcap=bool(cfg.get("final_logit_softcapping")),
-                         shift=mt != "bert")
+        b.causal_lm_loss(logits, V // tp, softcap=tr.final_softcap, shift=tr.causal)
     return g
