@@ -114,7 +114,7 @@ def test_facts_table_has_a_row_per_optimizer_and_precision():
     """Every recipe choice has its facts row; the tracer's list is the rows with a torch class."""
     from memplan.facts import dtypes, optimizer_table
     from memplan.recipe import OPTIMIZERS, PRECISIONS
-    from memplan.trace.workload import OPTIMIZERS as TRACEABLE
+    from memplan.runtime.workload import OPTIMIZERS as TRACEABLE
 
     assert set(optimizer_table()) == set(OPTIMIZERS)
     assert all(f.source for f in optimizer_table().values())
