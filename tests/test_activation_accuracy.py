@@ -5,7 +5,7 @@ random init (scaled-down configs: hidden 128, 2 layers, vocab 1024). With ``devi
 estimate of peak allocated bytes must be within 5% of measured for every case and within 2% for
 most. Two sources: the committed matrix (``validation/cpu_tiny_matrix.jsonl``, 132 configurations
 x first/steady step, produced by ``scripts/measure_tiny_matrix.py``) and fresh runs here that
-add bf16-true, Adam, SGD and LoRA.
+add bf16-true, Adam and SGD (no LoRA: LoRA runs are `memplan validate` cases).
 """
 
 from __future__ import annotations
