@@ -128,6 +128,24 @@ def _err(est: int, meas: int) -> float:
     return (est - meas) / meas * 100 if meas else 0.0
 
 
+def refresh(rows: list[dict]) -> list[dict]:
+    """The committed measurements with today's estimates (the estimator moves; the measured
+    bytes of a drawn configuration do not)."""
+    out = []
+    for r in rows:
+        if "error" not in r:
+            peak, act = estimate_row(r)
+            r = {**r, "estimated_peak": peak, "estimated_act_tmp": act}
+        out.append(r)
+    return out
+
+
+def errors(rows: list[dict]) -> dict[str, list[float]]:
+    ok = [r for r in rows if "error" not in r]
+    return {"peak": [_err(r["estimated_peak"], r["measured_peak"]) for r in ok],
+            "act_tmp": [_err(r["estimated_act_tmp"], r["measured_act_tmp"]) for r in ok]}
+
+
 def table(rows: list[dict]) -> str:
     ok = [r for r in rows if "error" not in r]
     peak = [_err(r["estimated_peak"], r["measured_peak"]) for r in ok]
@@ -162,7 +180,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--table", type=Path)
     a = ap.parse_args(argv)
     if a.table:
-        rows = [json.loads(x) for x in a.table.read_text().splitlines() if x.strip()]
+        rows = refresh([json.loads(x) for x in a.table.read_text().splitlines() if x.strip()])
         sys.stdout.write(table(rows) + "\n")
         return 0
     done = 0
