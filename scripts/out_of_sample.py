@@ -82,7 +82,7 @@ def _recipe(c: dict):
         kw["freeze_trainable_layers"] = 1
     if c["method"] == "lora":  # PEFT's default targets; every family has them
         kw["lora_targets"] = ("q", "v")
-    return Recipe(device="cpu", **kw)
+    return Recipe.of(device="cpu", **kw)
 
 
 def estimate_row(c: dict) -> tuple[int, int]:

@@ -60,7 +60,7 @@ def test_unknown_harness_and_base_dtype_are_config_errors(tmp_path):
         cases(table=table)
     with pytest.raises(ConfigError, match="bf17"):
         measure_with_harness("plain", _case("plain qwen2 bf16-true").model,
-                             Recipe(device="cpu", micro_batch=1, seq_len=8), base_dtype="bf17")
+                             Recipe.of(device="cpu", micro_batch=1, seq_len=8), base_dtype="bf17")
     with pytest.raises(ConfigError, match="torchtune"):
         measure_with_harness("torchtune", _case("plain qwen2 bf16-true").model,
-                             Recipe(device="cpu", micro_batch=1, seq_len=8))
+                             Recipe.of(device="cpu", micro_batch=1, seq_len=8))

@@ -277,10 +277,10 @@ def _recipe(row: dict[str, str]) -> Recipe:
                   adapter_dtype=ADAPTER_DTYPE.get(_framework(row["source_group"]), "fp32"))
     if method == "qlora":
         kw["quant"] = row["base_quant"]
-    r = Recipe(**kw)
+    r = Recipe.of(**kw)
     dp_shard = int(row["dp_shard"] or 1)
-    if r.zero and dp_shard != r.shard_degree:
-        r = replace(r, hybrid_shard=dp_shard)
+    if r.parallelism.zero and dp_shard != r.parallelism.shard_degree:
+        r = r.with_keys(hybrid_shard=dp_shard)
     return r
 
 
@@ -314,7 +314,7 @@ def load() -> tuple[list[Case], list[Skip]]:
             model_id=_catalog_id(row) or "", gpu=gpu or STAND_IN_GPU, stand_in_gpu=gpu is None,
             recipe=recipe, metric=_metric(row), value_gib=value,
             upper_bound=upper,
-            seq_lo=max(1, int(recipe.seq_len * SEQ_LO_FRACTION)) if upper else recipe.seq_len,
+            seq_lo=max(1, int(recipe.batch.seq_len * SEQ_LO_FRACTION)) if upper else recipe.batch.seq_len,
             tol_rel=rel, tol_abs_gib=ABS_TOL_GIB[row["reliability"]]))
     return cases, skips
 
@@ -349,8 +349,8 @@ def _band(case: Case, recipe: Recipe, gpu: str) -> tuple[float, float]:
 def predict(case: Case, gpu: str | None = None) -> Result:
     lo, hi = _band(case, case.recipe, gpu or case.gpu)
     floor = lo
-    if case.seq_lo != case.recipe.seq_len:
-        floor = _band(case, replace(case.recipe, seq_len=case.seq_lo), gpu or case.gpu)[0]
+    if case.seq_lo != case.recipe.batch.seq_len:
+        floor = _band(case, case.recipe.with_keys(seq_len=case.seq_lo), gpu or case.gpu)[0]
     return Result(case=case, lo_gib=lo, hi_gib=hi, floor_gib=floor)
 
 
@@ -677,7 +677,7 @@ def report() -> str:
         r = _predicted(c)
         pred = f"{r.lo_gib:.2f}" if r.lo_gib == r.hi_gib else f"{r.lo_gib:.2f}-{r.hi_gib:.2f}"
         if c.upper_bound:
-            pred = f"{r.floor_gib:.2f} (s{c.seq_lo}) .. {r.hi_gib:.2f} (s{c.recipe.seq_len})"
+            pred = f"{r.floor_gib:.2f} (s{c.seq_lo}) .. {r.hi_gib:.2f} (s{c.recipe.batch.seq_len})"
         out.append(f"| {c.id} | {c.group} | {c.grade} | {c.model_id} | {c.gpu}"
                    f"{' (stand-in)' if c.stand_in_gpu else ''} | {c.metric}"
                    f"{' (seq max)' if c.upper_bound else ''} | {c.value_gib:.2f} | {pred} | "

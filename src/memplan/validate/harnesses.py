@@ -51,6 +51,11 @@ FRAMEWORK_HARNESSES = ("trainer", "peft", "accelerate", "plain")
 _STEPS = 2
 
 
+def _k(recipe: Recipe) -> dict[str, Any]:
+    """The recipe's flat keys (plain values)."""
+    return recipe.to_dict()
+
+
 def _model(config_path: str, recipe: Recipe, base_dtype: str):
     import torch
     import transformers
@@ -60,12 +65,12 @@ def _model(config_path: str, recipe: Recipe, base_dtype: str):
     config = transformers.AutoConfig.for_model(**cfg)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(
-        config, attn_implementation="sdpa" if recipe.attention == "sdpa" else "eager")
-    if recipe.precision in ("bf16-true", "16-true"):
-        model.to(torch.bfloat16 if recipe.precision == "bf16-true" else torch.float16)
+        config, attn_implementation="sdpa" if _k(recipe)["attention"] == "sdpa" else "eager")
+    if _k(recipe)["precision"] in ("bf16-true", "16-true"):
+        model.to(torch.bfloat16 if _k(recipe)["precision"] == "bf16-true" else torch.float16)
     elif base_dtype:  # the user loads the base in 16 bits (from_pretrained(torch_dtype=...))
         model.to({"bf16": torch.bfloat16, "fp16": torch.float16}[base_dtype])
-    if recipe.checkpointing == "full":
+    if _k(recipe)["checkpointing"] == "full":
         model.gradient_checkpointing_enable()
     model.train()
     return model
@@ -76,8 +81,8 @@ def _autocast(recipe: Recipe):
 
     import torch
 
-    if recipe.precision in ("bf16-mixed", "16-mixed"):
-        dtype = torch.bfloat16 if recipe.precision == "bf16-mixed" else torch.float16
+    if _k(recipe)["precision"] in ("bf16-mixed", "16-mixed"):
+        dtype = torch.bfloat16 if _k(recipe)["precision"] == "bf16-mixed" else torch.float16
         return torch.autocast("cpu", dtype=dtype)
     return contextlib.nullcontext()
 
@@ -86,7 +91,7 @@ def _batch(recipe: Recipe, vocab: int):
     import torch
 
     torch.manual_seed(1)
-    ids = torch.randint(0, vocab, (recipe.micro_batch, recipe.seq_len))
+    ids = torch.randint(0, vocab, (_k(recipe)["micro_batch"], _k(recipe)["seq_len"]))
     return {"input_ids": ids, "labels": ids.clone()}
 
 
@@ -140,7 +145,7 @@ def _accelerate(model: Any, recipe: Recipe) -> int:
 
     from accelerate.state import AcceleratorState
 
-    mixed = {"bf16-mixed": "bf16", "16-mixed": "fp16"}.get(recipe.precision, "no")
+    mixed = {"bf16-mixed": "bf16", "16-mixed": "fp16"}.get(_k(recipe)["precision"], "no")
     # A Trainer run earlier in the process leaves a global AcceleratorState with its own
     # precision; a fresh script would start without one.
     AcceleratorState._reset_state(reset_partial_state=True)
@@ -163,7 +168,7 @@ def _trainer(model: Any, recipe: Recipe) -> int:
     import transformers
 
     row = {k: v[0] for k, v in _batch(recipe, model.config.vocab_size).items()}
-    data = [row] * (recipe.micro_batch * _STEPS)
+    data = [row] * (_k(recipe)["micro_batch"] * _STEPS)
     mt = _tracker(model)
 
     class _Reset(transformers.TrainerCallback):
@@ -172,11 +177,11 @@ def _trainer(model: Any, recipe: Recipe) -> int:
 
     with tempfile.TemporaryDirectory() as out:
         args = transformers.TrainingArguments(
-            output_dir=out, use_cpu=True, per_device_train_batch_size=recipe.micro_batch,
-            max_steps=_STEPS, bf16=recipe.precision == "bf16-mixed",
-            fp16=recipe.precision == "16-mixed", report_to=[], save_strategy="no",
+            output_dir=out, use_cpu=True, per_device_train_batch_size=_k(recipe)["micro_batch"],
+            max_steps=_STEPS, bf16=_k(recipe)["precision"] == "bf16-mixed",
+            fp16=_k(recipe)["precision"] == "16-mixed", report_to=[], save_strategy="no",
             logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
-            gradient_checkpointing=recipe.checkpointing == "full")
+            gradient_checkpointing=_k(recipe)["checkpointing"] == "full")
         trainer = transformers.Trainer(model=model, args=args, train_dataset=data,
                                        callbacks=[_Reset()])
         trainer.remove_callback(transformers.trainer_callback.PrinterCallback)  # no printing
@@ -190,9 +195,9 @@ def _peft(model: Any, recipe: Recipe) -> int:
 
     # "all-linear" when the recipe adapts every projection; otherwise PEFT's own default for
     # the architecture (q_proj, v_proj for Llama and Qwen2), which the case must name.
-    every = set(recipe.lora_targets) == set(LORA_TARGETS)
+    every = set(_k(recipe)["lora_targets"]) == set(LORA_TARGETS)
     model = peft.get_peft_model(model, peft.LoraConfig(
-        r=recipe.lora_rank, target_modules="all-linear" if every else None))
+        r=_k(recipe)["lora_rank"], target_modules="all-linear" if every else None))
     return _plain(model, recipe)
 
 
@@ -207,7 +212,7 @@ def measure_with_harness(harness: str, config_path: str, recipe: Recipe, *,
     if run is None:
         raise ConfigError([f"harness={harness!r} has no runner; implemented: "
                            f"{', '.join(FRAMEWORK_HARNESSES)}."])
-    if recipe.device != "cpu":
+    if _k(recipe)["device"] != "cpu":
         raise ConfigError([f"harness={harness!r} measures with MemTracker on CPU only."])
     if base_dtype not in ("", "bf16", "fp16"):
         raise ConfigError([f"base_dtype={base_dtype!r} is not one of bf16, fp16 (or empty)."])
