@@ -124,6 +124,27 @@ def run(c: dict) -> dict:
             "seconds": round(time.perf_counter() - t0, 2)}
 
 
+BOUND_PCT = 5.0
+"""The issue's bar for the whole peak and for activations + temporaries at the peak."""
+
+SDPA_MATH_UPCAST = (
+    "CPU SDPA math path: with dropout (GPT-2 and BERT use 0.1) CPU SDPA runs "
+    "_scaled_dot_product_attention_math, which converts bf16/fp16 q, k, v to fp32 'for "
+    "accuracy' (pytorch aten/src/ATen/native/transformers/attention.cpp) unless "
+    "allowFP16BF16ReductionMathSDP is set. Measured at hidden 128, 2 x 128: the sdpa peak is "
+    "19-25 % above the eager peak of the same bf16-true model, and memplan's eager estimate "
+    "matches the eager measurement within 1 %. memplan models this path under autocast only. "
+    "CPU-only: CUDA runs fused kernels.")
+
+
+def explained(row: dict) -> str:
+    """The measured cause of a row outside the bound, if the row belongs to a diagnosed class."""
+    if (row["model"] in ("gpt2", "bert_mlm") and row["precision"] in ("bf16-true", "16-true")
+            and row["attention"] == "sdpa"):
+        return SDPA_MATH_UPCAST
+    return ""
+
+
 def _err(est: int, meas: int) -> float:
     return (est - meas) / meas * 100 if meas else 0.0
 
@@ -146,6 +167,22 @@ def errors(rows: list[dict]) -> dict[str, list[float]]:
             "act_tmp": [_err(r["estimated_act_tmp"], r["measured_act_tmp"]) for r in ok]}
 
 
+def summary(rows: list[dict]) -> dict[str, object]:
+    """The figures the accuracy claims quote (rows already refreshed)."""
+    ok = [r for r in rows if "error" not in r]
+    e = errors(rows)
+    out_peak = [r for r, x in zip(ok, e["peak"]) if abs(x) > BOUND_PCT]
+    out_act = [r for r, x in zip(ok, e["act_tmp"]) if abs(x) > BOUND_PCT]
+    return {"seed": SEED, "drawn": len(rows), "ran": len(ok),
+            "max_abs_peak_error_pct": round(max(map(abs, e["peak"])), 2),
+            "median_abs_peak_error_pct": round(statistics.median(map(abs, e["peak"])), 2),
+            "max_abs_act_tmp_error_pct": round(max(map(abs, e["act_tmp"])), 2),
+            "median_abs_act_tmp_error_pct": round(statistics.median(map(abs, e["act_tmp"])), 2),
+            "peak_outside_5pct": len(out_peak), "act_tmp_outside_5pct": len(out_act),
+            "outside_explained": sum(bool(explained(r)) for r in out_peak),
+            "failed": sorted({r["error"].split(":")[0] for r in rows if "error" in r})}
+
+
 def table(rows: list[dict]) -> str:
     ok = [r for r in rows if "error" not in r]
     peak = [_err(r["estimated_peak"], r["measured_peak"]) for r in ok]
@@ -159,17 +196,20 @@ def table(rows: list[dict]) -> str:
             out.append(f"| {name} | {max(a):.2f}% | {statistics.median(a):.2f}% | "
                        f"{sum(x <= 5 for x in a)}/{len(a)} |")
     out += ["", "| model | h | L | V | B x S | precision | attn | ckpt | opt | method | peak err "
-            "| act+tmp err | measured peak moment |", "|" + "---|" * 13]
+            "| act+tmp err | measured peak moment | outside 5 %: cause |", "|" + "---|" * 14]
     for r in rows:
         head = (f"| {r['model']} | {r['hidden']} | {r['layers']} | {r['vocab']} | "
                 f"{r['micro_batch']} x {r['seq_len']} | {r['precision']} | {r['attention']} | "
                 f"{r['checkpointing']} | {r['optimizer']} | {r['method']} | ")
         if "error" in r:
-            out.append(head + f"error: {r['error'][:80]} | | |")
+            out.append(head + f"error: {r['error'][:80]} | | | |")
         else:
-            out.append(head + f"{_err(r['estimated_peak'], r['measured_peak']):+.2f}% | "
+            pe = _err(r["estimated_peak"], r["measured_peak"])
+            why = ("" if abs(pe) <= BOUND_PCT else
+                   "CPU SDPA math-path upcast (measured)" if explained(r) else "not identified")
+            out.append(head + f"{pe:+.2f}% | "
                        f"{_err(r['estimated_act_tmp'], r['measured_act_tmp']):+.2f}% | "
-                       f"{r['measured_moment']} |")
+                       f"{r['measured_moment']} | {why} |")
     return "\n".join(out)
 
 

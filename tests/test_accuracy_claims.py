@@ -39,6 +39,10 @@ def test_ground_truth_page_is_current():
     assert claims.current(claims.GOLDEN_PAGE.read_text(), "golden") == claims.render_golden(), FIX
 
 
+def test_out_of_sample_page_is_current():
+    assert claims.OOS_PAGE.read_text() == claims.render_oos_page(), FIX
+
+
 def test_a_changed_figure_makes_the_block_stale(figures):
     """The check can fail: one changed count gives a different block."""
     changed = json.loads(json.dumps(figures))

@@ -314,7 +314,8 @@ def load() -> tuple[list[Case], list[Skip]]:
             model_id=_catalog_id(row) or "", gpu=gpu or STAND_IN_GPU, stand_in_gpu=gpu is None,
             recipe=recipe, metric=_metric(row), value_gib=value,
             upper_bound=upper,
-            seq_lo=max(1, int(recipe.batch.seq_len * SEQ_LO_FRACTION)) if upper else recipe.batch.seq_len,
+            seq_lo=(max(1, int(recipe.batch.seq_len * SEQ_LO_FRACTION)) if upper
+                    else recipe.batch.seq_len),
             tol_rel=rel, tol_abs_gib=ABS_TOL_GIB[row["reliability"]]))
     return cases, skips
 
@@ -497,9 +498,9 @@ MISSES: dict[str, str] = {
              "units, and accelerate's autocast on top of bf16 storage; not verified.",
     "GT140": "-18.7% (35.60 published, 26.69-28.95 predicted); same cause as GT137.",
     "GT023": "+17.4% at the lower end (25.50 GiB allocated published; memplan 57.92 at "
-             "seq_len 4096 and 29.94 at seq_len 1024, the lower end). Unpacked Alpaca padded to the "
-             "longest in each batch of 2: the longest batch was likely far below a quarter of "
-             "4096. Not measured.",
+             "seq_len 4096 and 29.94 at seq_len 1024, the lower end). Unpacked Alpaca padded "
+             "to the longest in each batch of 2: the longest batch was likely far below a quarter "
+             "of 4096. Not measured.",
 }
 """Rows outside tolerance whose cause was NOT measured (the text gives the error and the
 candidates). They are not xfails: the accuracy table and README count them as misses, and
