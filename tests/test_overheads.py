@@ -3,11 +3,24 @@ in, how they scale with the process groups, and what expandable segments change.
 
 from __future__ import annotations
 
+import tomllib
+from pathlib import Path
+
 from memplan import Recipe, estimate, load_model
 from memplan.breakdown import Pool
-from memplan.estimate.overhead import (CUDA_CONTEXT_BYTES, EXPANDABLE_PAGE_BYTES, FRAGMENTATION_FRACTION,
-                                       NCCL_P2P_BUFFER_BYTES, NCCL_RING_BYTES)
 from memplan.hardware import cpu_device, get_device
+from memplan.units import MIB
+
+# The expected values come from the cited sources (validation/sources/overheads.toml, checked
+# against the constants by tests/test_overhead_sources.py), not from the module under test.
+_SRC = tomllib.loads((Path(__file__).resolve().parents[1] / "validation" / "sources"
+                      / "overheads.toml").read_text())
+CUDA_CONTEXT_BYTES = _SRC["cuda_context"]["value"] * MIB
+NCCL_RING_BYTES = {2: _SRC["nccl_ring_2"]["value"] * MIB, 3: _SRC["nccl_ring_3"]["value"] * MIB}
+NCCL_P2P_BUFFER_BYTES = sum(_SRC["nccl_p2p_buffers"]["value"])
+NCCL_P2P_CHANNELS = _SRC["nccl_p2p_channels"]["value"]
+FRAGMENTATION_FRACTION = _SRC["fragmentation_budget"]["value"]
+EXPANDABLE_PAGE_BYTES = _SRC["expandable_page"]["value"] * MIB
 
 MODEL = load_model("meta-llama/Llama-3.2-1B")
 H100 = get_device("H100-80GB")
@@ -35,14 +48,14 @@ def test_one_ring_per_process_group_outside_the_allocator():
 
 def test_pipeline_ends_have_one_peer_middle_stages_two():
     b = estimate(MODEL, Recipe.of(gpus=4, pp=4), H100, search_micro_batch=False)
-    peers = [sum(_nccl(r).values()) // (32 * NCCL_P2P_BUFFER_BYTES) for r in b.ranks]
+    peers = [sum(_nccl(r).values()) // (NCCL_P2P_CHANNELS * NCCL_P2P_BUFFER_BYTES) for r in b.ranks]
     assert peers == [1, 2, 2, 1]
 
 
 def test_expert_all_to_all_reaches_every_other_rank():
     moe = load_model("Qwen/Qwen3-30B-A3B")
     r = estimate(moe, Recipe.of(gpus=8, ep=8, zero=1), H100, search_micro_batch=False).ranks[0]
-    assert _nccl(r)["NCCL buffers (expert all-to-all, 8 ranks)"] == 7 * 32 * NCCL_P2P_BUFFER_BYTES
+    assert _nccl(r)["NCCL buffers (expert all-to-all, 8 ranks)"] == 7 * NCCL_P2P_CHANNELS * NCCL_P2P_BUFFER_BYTES
 
 
 def test_fragmentation_scales_with_the_peak_and_expandable_segments_remove_it():

@@ -24,10 +24,14 @@ Tolerance (README caveats 1, 8, 9), fixed before looking at the results and neve
 0.25 GiB on A rows (named counter, pinned config) or 0.5 GiB on B rows (the low end of the
 allocator slack of caveat 1); +7 % rel where the source does not state its unit (caveat 8).
 A row passes when ``lo - tol <= value <= hi + tol``. Rows whose sequence length is only a
-maximum (``seq_len_is_upper_bound = 1``, caveat 4) are one-sided: ``value <= hi + tol``.
+maximum (``seq_len_is_upper_bound = 1``, caveat 4) are checked against both ends of the stated
+range: ``lo(seq_len x SEQ_LO_FRACTION) - tol <= value <= hi(seq_len) + tol``.
 
-Rows the estimator cannot express are skipped with a recorded reason (``SKIPPED``); rows it
-expresses but gets clearly wrong are ``xfail(strict=True)`` with the error and a diagnosis.
+Rows the estimator cannot express are skipped with a recorded reason (``SKIPPED``). Rows it
+expresses but gets wrong are of two kinds: ``XFAIL`` (``xfail(strict=True)``) when the cause was
+measured or computed (the diagnosis says how), and ``MISSES`` when it was not: those are not
+xfails, they count as failures in the accuracy table and README, and
+``test_unexplained_misses_still_miss`` keeps the list from going stale.
 Run this file as a script for the per-group error table of validation/ground_truth_gpu.md:
 ``python tests/golden/test_memory_published.py``.
 """
@@ -63,9 +67,18 @@ ABS_TOL_GIB = {"A": 0.25, "B": 0.5}
 B: the low end of the 0.5-3 GiB allocator slack of README caveat 1."""
 UNIT_TOL = 0.07
 """README caveat 8: values whose unit the source does not state may be off by about 7 %."""
-MEDIAN_BOUND = 0.15
-"""Aggregate bound on the median absolute error over the two-sided A+B rows (see
-``test_median_error``)."""
+MEDIAN_BOUND = 0.10
+"""What the estimator should reach, set before looking at the results: README caveat 9 puts
+the per-row noise of the data at +-10 %. If memplan's own error were negligible, the absolute
+errors would be that noise, whose median lies below its +-10 % bound. A median above 10 % means
+the estimator (or rows it cannot express) dominates the error. See ``test_median_error``."""
+SEQ_LO_FRACTION = 0.25
+"""Lower end of the range of an upper-bound row (README caveat 4), stated before looking at the
+results: the logged peak is that of the longest padded batch the run met, and we assume that
+batch was at least a quarter of ``max_seq_len`` long (Alpaca's prompt template alone is about
+40 tokens and each batch is padded to its longest of 2-8 samples). An assumption about the data,
+not a measurement: a row that fails at this end says memplan is too high even for batches a
+quarter of the stated maximum."""
 
 MODEL_ALIASES = {
     # Same architecture as the catalog model (the arch column is checked against the spec in
@@ -119,7 +132,10 @@ class Case:
     value_gib: float
     """Per GPU (summed rows divided by num_gpus)."""
     upper_bound: bool
-    """seq_len is a maximum: the estimate at seq_len bounds the measurement from above."""
+    """seq_len is a maximum: the estimate at seq_len bounds the measurement from above, the one
+    at ``seq_lo`` from below."""
+    seq_lo: int
+    """Lower end of the sequence range (``SEQ_LO_FRACTION`` of seq_len); seq_len otherwise."""
     tol_rel: float
     tol_abs_gib: float
 
@@ -138,14 +154,17 @@ class Result:
     lo_gib: float
     hi_gib: float
     """Predicted band (lo == hi for a named counter)."""
+    floor_gib: float
+    """The low edge of the band predicted at ``case.seq_lo`` (== lo_gib for fixed-length rows)."""
 
     @property
     def error(self) -> float:
         """Signed relative error of the prediction (positive: memplan is high). For a band, the
-        distance from the value to the nearer edge (0 inside)."""
+        distance from the value to the nearer edge (0 inside); an upper-bound row's band runs
+        from the estimate at ``seq_lo`` to the one at seq_len."""
         v = self.case.value_gib
-        if v < self.lo_gib:
-            return (self.lo_gib - v) / v
+        if v < self.floor_gib:
+            return (self.floor_gib - v) / v
         if v > self.hi_gib:
             return (self.hi_gib - v) / v
         return 0.0
@@ -157,9 +176,7 @@ class Result:
     @property
     def ok(self) -> bool:
         v, t = self.case.value_gib, self.tol_gib
-        if self.case.upper_bound:
-            return v <= self.hi_gib + t
-        return self.lo_gib - t <= v <= self.hi_gib + t
+        return self.floor_gib - t <= v <= self.hi_gib + t
 
 
 # ---- the loader -------------------------------------------------------------------------------
@@ -291,11 +308,14 @@ def load() -> tuple[list[Case], list[Skip]]:
         if row["quantity"].startswith("gpu_mem_total_all_gpus"):
             value /= int(row["num_gpus"])  # README caveat 5: a sum over the GPUs
         rel = REL_TOL + (UNIT_TOL if "unit not stated" in row["notes"] else 0.0)
+        upper = row["seq_len_is_upper_bound"] == "1"
         cases.append(Case(
             id=row["id"], group=row["source_group"], grade=row["reliability"],
             model_id=_catalog_id(row) or "", gpu=gpu or STAND_IN_GPU, stand_in_gpu=gpu is None,
             recipe=recipe, metric=_metric(row), value_gib=value,
-            upper_bound=row["seq_len_is_upper_bound"] == "1",
+            upper_bound=upper,
+            seq_lo=(max(1, int(recipe.batch.seq_len * SEQ_LO_FRACTION)) if upper
+                    else recipe.batch.seq_len),
             tol_rel=rel, tol_abs_gib=ABS_TOL_GIB[row["reliability"]]))
     return cases, skips
 
@@ -310,9 +330,9 @@ def measured_context_gib(group: str) -> float | None:
     return None
 
 
-def predict(case: Case, gpu: str | None = None) -> Result:
-    b = estimate(model(case.model_id), case.recipe, get_device(gpu or case.gpu),
-                 search_micro_batch=False)
+def _band(case: Case, recipe: Recipe, gpu: str) -> tuple[float, float]:
+    """The predicted [lo, hi] of the row's counter for one recipe."""
+    b = estimate(model(case.model_id), recipe, get_device(gpu), search_micro_batch=False)
     r = b.worst
     alloc, reserved, total = (x / GIB for x in (
         r.peak_allocated_bytes, r.peak_reserved_bytes, r.device_total_bytes))
@@ -323,9 +343,16 @@ def predict(case: Case, gpu: str | None = None) -> Result:
         ours = sum(i.bytes for i in r.outside  # the context is memplan's only DEVICE overhead
                    if i.pool is Pool.DEVICE and i.category is Category.OVERHEAD) / GIB
         total = total - ours + context
-    lo, hi = {"allocated": (alloc, alloc), "reserved": (reserved, reserved),
-              "device": (total, total), "band": (alloc, total)}[case.metric]
-    return Result(case=case, lo_gib=lo, hi_gib=hi)
+    return {"allocated": (alloc, alloc), "reserved": (reserved, reserved),
+            "device": (total, total), "band": (alloc, total)}[case.metric]
+
+
+def predict(case: Case, gpu: str | None = None) -> Result:
+    lo, hi = _band(case, case.recipe, gpu or case.gpu)
+    floor = lo
+    if case.seq_lo != case.recipe.batch.seq_len:
+        floor = _band(case, case.recipe.with_keys(seq_len=case.seq_lo), gpu or case.gpu)[0]
+    return Result(case=case, lo_gib=lo, hi_gib=hi, floor_gib=floor)
 
 
 # ---- fit / no-fit rows (README caveat 3) -----------------------------------------------------
@@ -333,12 +360,9 @@ def predict(case: Case, gpu: str | None = None) -> Result:
 R_UNSLOTH = "Unsloth kernels column (offloaded checkpointing, fused CE: README caveat 3)"
 R_LLMC = "llm.c (exact buffers and fused classifier, no PyTorch allocator)"
 
-UNSLOTH_HF_ASSUMED = dict(precision="bf16-true", quant="nf4-dq", optimizer="adamw-8bit",
-                          checkpointing="full", offload="none", adapter_dtype="fp32")
-"""The Unsloth README's Hugging Face + FA2 column does not publish dtype, 4-bit type, optimizer
-or checkpointing. The row only says the configuration ran, so we ask that memplan does not rule
-it out under the leanest standard Hugging Face choices (bf16 model, NF4 + double quant, 8-bit
-AdamW, gradient checkpointing)."""
+R_UNSLOTH_HF = ("Unsloth README, Hugging Face + FA2 column: dtype, 4-bit type, optimizer and "
+                "checkpointing not published, so no settings to estimate (a fit row checked "
+                "under settings we pick could only fail on a large overestimate)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -353,7 +377,6 @@ class FitCase:
     capacity_gib: float | None
     """The VRAM class of the row ("24GB GPU" -> 24 GiB); None: the catalog device's capacity."""
     fits: bool
-    assumed: str = ""
 
 
 def _fit_row(row: dict[str, str]) -> FitCase | list[str]:
@@ -364,6 +387,8 @@ def _fit_row(row: dict[str, str]) -> FitCase | list[str]:
     reasons = []
     if "Unsloth column" in row["notes"]:
         reasons.append(R_UNSLOTH)
+    elif row["source_group"] == "unsloth-readme-context":
+        reasons.append(R_UNSLOTH_HF)
     if row["source_group"] == "llm.c":
         reasons.append(R_LLMC)
     if _catalog_id(row) is None:
@@ -372,22 +397,14 @@ def _fit_row(row: dict[str, str]) -> FitCase | list[str]:
         return reasons
     kw = {k: row[k] for k in ("precision", "base_quant", "optimizer", "checkpointing",
                               "offload")}
-    assumed = ""
-    if row["source_group"] == "unsloth-readme-context":
-        assumed = ", ".join(f"{k}={v}" for k, v in UNSLOTH_HF_ASSUMED.items())
-        row = {**row, **{k: v for k, v in UNSLOTH_HF_ASSUMED.items() if k in row},
-               "base_quant": UNSLOTH_HF_ASSUMED["quant"], "num_gpus": row["num_gpus"] or "1",
-               "zero_stage": row["zero_stage"] or "0"}
-    elif any(not v for v in kw.values()):
+    if any(not v for v in kw.values()):
         return [R_UNSTATED]
     recipe = _recipe(row)
-    if assumed:
-        recipe = recipe.with_keys(adapter_dtype=UNSLOTH_HF_ASSUMED["adapter_dtype"])
     gpu = _gpu(row["gpu"])
     return FitCase(id=row["id"], group=row["source_group"], grade=row["reliability"],
                    model_id=_catalog_id(row) or "", recipe=recipe, gpu=gpu or STAND_IN_GPU,
                    capacity_gib=None if gpu else float(row["value_gib"]),
-                   fits=row["oom"] != "1", assumed=assumed)
+                   fits=row["oom"] != "1")
 
 
 def load_all() -> tuple[list[Case], list[FitCase], list[Skip]]:
@@ -427,19 +444,6 @@ XFAIL: dict[str, str] = {
              + _NF4_INIT.format(pred="4.4-5.0 GiB"),
     "GT037": "-47.1% (8.65 GiB reserved published, 4.58 predicted). "
              + _NF4_INIT.format(pred="4.6 GiB"),
-    "GT002": "-32.3% vs the band top (19.51 published, 11.70-13.21 predicted). "
-             + _FSDP1_INIT.format(unsharded="zero=0: 17.24-19.02 GiB, -2.5%"),
-    "GT005": "-27.5% vs the band top (21.33 published, 13.72-15.46 predicted; one-sided row, "
-             "still below). Same recipe generation as GT002 (FSDP1, full bf16 model per rank "
-             "at init is the likely cause; not verified). Part of it is an estimator gap: "
-             "estimate/optimizer_step.py drops torch AdamW's foreach sqrt(exp_avg_sq) copy for "
-             "every zero>=1 run (it assumes DeepSpeed FusedAdam), +3.1 GiB at this FSDP "
-             "optimizer step (peak 13.7 -> 15.7 GiB allocated), not enough to pass.",
-    "GT010": "-21.6% vs the band top (22.44 published, 15.74-17.59 predicted). Unexplained: "
-             "the value equals GT009's (another config, 1 GPU) whose reproduction measured "
-             "20.2 GB (PR #961), so possibly a copied cell; FSDP1 multi-stream allocator slack "
-             "above memplan's 5 % and the missing foreach AdamW temporary (see GT005) are "
-             "candidates.",
     "GT008": "+192.7% (15.09 published, 44.16-47.29 predicted). The published number cannot "
              "hold at bs 4 x 2048 without activation checkpointing: memplan's saved activations "
              "alone exceed it. With checkpointing=full memplan gives 12.12-13.65 (-9.5%), so "
@@ -464,6 +468,25 @@ XFAIL: dict[str, str] = {
              "temporary is the 119 MiB embedding. Without the copy the peak is memplan's "
              "forward/backward 5.24 GiB -> ~6.8 GiB nvidia-smi (+3 %). Recipe cannot express "
              "the optimizer implementation.",
+}
+"""Row id -> measured error and a diagnosis that was measured or computed (the text says how;
+validation/ground_truth_gpu.md has the long form)."""
+
+
+MISSES: dict[str, str] = {
+    "GT002": "-32.3% vs the band top (19.51 published, 11.70-13.21 predicted). "
+             + _FSDP1_INIT.format(unsharded="zero=0: 17.24-19.02 GiB, -2.5%"),
+    "GT005": "-27.5% vs the band top (21.33 published, 13.72-15.46 predicted at seq_len "
+             "512). Same recipe generation as GT002 (FSDP1, full bf16 model per rank "
+             "at init is the likely cause; not verified). Part of it is an estimator gap: "
+             "estimate/optimizer_step.py drops torch AdamW's foreach sqrt(exp_avg_sq) copy for "
+             "every zero>=1 run (it assumes DeepSpeed FusedAdam), +3.1 GiB at this FSDP "
+             "optimizer step (peak 13.7 -> 15.7 GiB allocated), not enough to pass.",
+    "GT010": "-21.6% vs the band top (22.44 published, 15.74-17.59 predicted). Unexplained: "
+             "the value equals GT009's (another config, 1 GPU) whose reproduction measured "
+             "20.2 GB (PR #961), so possibly a copied cell; FSDP1 multi-stream allocator slack "
+             "above memplan's 5 % and the missing foreach AdamW temporary (see GT005) are "
+             "candidates.",
     "GT138": "-35.3% vs the band top (19.60 published, 11.20-12.68 predicted). Cause not "
              "identified. The same non-state memory is missing in GT137/GT140 (same model, "
              "bs 2 x 2048, reentrant AC); published GT140 - GT138 = 16.0 GiB matches "
@@ -474,8 +497,14 @@ XFAIL: dict[str, str] = {
              "stage3_max_live_parameters = 1e9 gathered elements where memplan holds two FSDP "
              "units, and accelerate's autocast on top of bf16 storage; not verified.",
     "GT140": "-18.7% (35.60 published, 26.69-28.95 predicted); same cause as GT137.",
+    "GT023": "+17.4% at the lower end (25.50 GiB allocated published; memplan 57.92 at "
+             "seq_len 4096 and 29.94 at seq_len 1024, the lower end). Unpacked Alpaca padded "
+             "to the longest in each batch of 2: the longest batch was likely far below a quarter "
+             "of 4096. Not measured.",
 }
-"""Row id -> measured error and diagnosis (validation/ground_truth_gpu.md has the long form)."""
+"""Rows outside tolerance whose cause was NOT measured (the text gives the error and the
+candidates). They are not xfails: the accuracy table and README count them as misses, and
+``test_unexplained_misses_still_miss`` fails when one starts to pass, so the list stays true."""
 
 if CSV_PATH.is_file():
     CASES, FITS, SKIPPED = load_all()
@@ -495,12 +524,13 @@ def _param(case: Case | FitCase):
     return pytest.param(case, id=f"{case.id}-{case.group}", marks=marks)
 
 
-@pytest.mark.parametrize("case", [_param(c) for c in CASES])
+@pytest.mark.parametrize("case", [_param(c) for c in CASES if c.id not in MISSES])
 def test_peak_matches_published(case: Case):
     res = _predicted(case)
-    side = "value <= hi + tol" if case.upper_bound else "lo - tol <= value <= hi + tol"
+    side = ("lo(seq_lo) - tol <= value <= hi(seq_len) + tol" if case.upper_bound
+            else "lo - tol <= value <= hi + tol")
     assert res.ok, (f"{case.id} ({case.group}, {case.grade}): published {case.value_gib:.2f} "
-                    f"GiB, predicted [{res.lo_gib:.2f}, {res.hi_gib:.2f}] GiB ({case.metric}), "
+                    f"GiB, predicted [{res.floor_gib:.2f}, {res.hi_gib:.2f}] GiB ({case.metric}), "
                     f"tol {res.tol_gib:.2f} GiB, need {side}; error {res.error:+.1%}")
 
 
@@ -514,18 +544,44 @@ def test_fit_matches_published(fc: FitCase):
     need = b.worst.device_total_bytes
     assert (need <= cap) == fc.fits, (
         f"{fc.id}: published {'fits' if fc.fits else 'OOM'} at {cap / GIB:.1f} GiB, memplan "
-        f"needs {need / GIB:.2f} GiB" + (f" (assumed {fc.assumed})" if fc.assumed else ""))
+        f"needs {need / GIB:.2f} GiB")
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES if c.id in MISSES])
+def test_unexplained_misses_still_miss(case: Case):
+    """A listed miss that starts to pass must leave ``MISSES`` (the table would overstate the
+    misses otherwise)."""
+    assert not _predicted(case).ok, f"{case.id} now passes: remove it from MISSES"
+
+
+def test_misses_and_xfails_are_rows():
+    assert not set(MISSES) & set(XFAIL)
+    assert set(MISSES) <= {c.id for c in CASES}
+
+
+def status(case: Case) -> str:
+    """``pass``, ``xfail`` (outside tolerance, cause measured) or ``miss`` (cause unknown)."""
+    return "pass" if _predicted(case).ok else "xfail" if case.id in XFAIL else "miss"
 
 
 def _two_sided() -> list[Case]:
     return [c for c in CASES if not c.upper_bound]
 
 
+_MEDIAN_MISS = (
+    "median |error| 14.9 % over the 18 fixed-length rows, above the 10 % an estimator limited "
+    "by the data's noise should reach. Measured cause: 11 of the 18 rows are outside "
+    "tolerance; 7 are diagnosed xfails (torch 1.x zero_grad x4, the optimizer implementation, "
+    "two published settings that cannot hold) and 4 are unexplained misses (GT010, GT137, "
+    "GT138, GT140), listed in validation/ground_truth_gpu.md.")
+
+
+@pytest.mark.xfail(strict=True, reason=_MEDIAN_MISS)
 def test_median_error():
-    """Median absolute error over the A+B rows with a fixed sequence length (upper-bound rows
-    have no two-sided error), xfail rows included. Bound 15 %: the per-row noise is +-10 %
-    (README caveat 9) and 4 of these 18 rows add +-7 % of unit uncertainty (caveat 8);
-    a median beyond 15 % means the estimator's error, not the data's, dominates."""
+    """Median absolute error over the A+B rows with a fixed sequence length (an upper-bound
+    row's error is a distance to a range, not comparable), xfail and miss rows included. Bound
+    ``MEDIAN_BOUND`` = 10 %, set by what the estimator should reach (its docstring), not by
+    what it reaches."""
     errors = [abs(_predicted(c).error) for c in _two_sided()]
     assert len(errors) >= 10
     assert statistics.median(errors) <= MEDIAN_BOUND, (
@@ -591,8 +647,9 @@ def report() -> str:
     out = []
     groups = sorted({c.group for c in CASES})
     out.append("| source_group | grade | rows (upper-bound) | median abs err | p90 abs err | "
-               "median, fixed-length rows | within tolerance | xfail |")
-    out.append("|---|---|---|---|---|---|---|---|")
+               "median, fixed-length rows | within tolerance | xfail (cause measured) | "
+               "miss (cause unknown) |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
     for g in groups:
         for grade in ("A", "B"):
             cs = [c for c in CASES if c.group == g and c.grade == grade]
@@ -604,7 +661,7 @@ def report() -> str:
             out.append(f"| {g} | {grade} | {len(cs)} ({sum(c.upper_bound for c in cs)}) | "
                        f"{statistics.median(errs):.1%} | {_p90(errs):.1%} | "
                        + (f"{statistics.median(fixed):.1%}" if fixed else "-")
-                       + f" | {ok}/{len(cs)} | {sum(c.id in XFAIL for c in cs)} |")
+                       + f" | {ok}/{len(cs)} | {_count(cs, 'xfail')} | {_count(cs, 'miss')} |")
     for grade in ("A", "B", "A+B"):
         cs = [c for c in CASES if grade == "A+B" or c.grade == grade]
         errs = [abs(_predicted(c).error) for c in cs]
@@ -612,19 +669,20 @@ def report() -> str:
         out.append(f"| **all** | {grade} | {len(cs)} ({sum(c.upper_bound for c in cs)}) | "
                    f"{statistics.median(errs):.1%} | {_p90(errs):.1%} | "
                    f"{statistics.median(fixed):.1%} | {sum(_predicted(c).ok for c in cs)}/"
-                   f"{len(cs)} | {sum(c.id in XFAIL for c in cs)} |")
+                   f"{len(cs)} | {_count(cs, 'xfail')} | {_count(cs, 'miss')} |")
     out.append("")
     out.append("| id | group | grade | model | GPU | counter | published GiB | predicted GiB | "
-               "error | tol GiB | ok | xfail |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+               "error | tol GiB | status |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for c in CASES:
         r = _predicted(c)
         pred = f"{r.lo_gib:.2f}" if r.lo_gib == r.hi_gib else f"{r.lo_gib:.2f}-{r.hi_gib:.2f}"
+        if c.upper_bound:
+            pred = f"{r.floor_gib:.2f} (s{c.seq_lo}) .. {r.hi_gib:.2f} (s{c.recipe.batch.seq_len})"
         out.append(f"| {c.id} | {c.group} | {c.grade} | {c.model_id} | {c.gpu}"
                    f"{' (stand-in)' if c.stand_in_gpu else ''} | {c.metric}"
                    f"{' (seq max)' if c.upper_bound else ''} | {c.value_gib:.2f} | {pred} | "
-                   f"{r.error:+.1%} | {r.tol_gib:.2f} | {'yes' if r.ok else 'no'} | "
-                   f"{'yes' if c.id in XFAIL else ''} |")
+                   f"{r.error:+.1%} | {r.tol_gib:.2f} | {status(c)} |")
     out.append("")
     out.append("| id | group | grade | expected | capacity GiB | memplan needs GiB | ok |")
     out.append("|---|---|---|---|---|---|---|")
@@ -656,6 +714,38 @@ def report() -> str:
     for reason, ids in sorted(every.items(), key=lambda kv: -len(kv[1])):
         out.append(f"| {reason} | {len(ids)} |")
     return "\n".join(out)
+
+
+def _count(cs: list[Case], what: str) -> int:
+    return sum(status(c) == what for c in cs)
+
+
+def summary() -> dict[str, object]:
+    """The figures the accuracy claims quote (scripts/accuracy_claims.py), as plain data."""
+    def block(cs: list[Case]) -> dict[str, object]:
+        fixed = [abs(_predicted(c).error) for c in cs if not c.upper_bound]
+        return {"rows": len(cs), "upper_bound_rows": sum(c.upper_bound for c in cs),
+                "pass": _count(cs, "pass"), "xfail": _count(cs, "xfail"),
+                "miss": _count(cs, "miss"),
+                "median_abs_error_fixed_length": round(statistics.median(fixed), 4)}
+    fits_ok = sum(_fit_ok(f) for f in FITS)
+    return {
+        "source": "tests/golden/test_memory_published.py",
+        "tolerance": {"rel": REL_TOL, "abs_gib": ABS_TOL_GIB, "unit_rel": UNIT_TOL,
+                      "seq_lo_fraction": SEQ_LO_FRACTION, "median_bound": MEDIAN_BOUND},
+        "A": block([c for c in CASES if c.grade == "A"]),
+        "B": block([c for c in CASES if c.grade == "B"]),
+        "all": block(CASES),
+        "fit_rows": len(FITS), "fit_rows_ok": fits_ok, "skipped_rows": len(SKIPPED),
+        "rows": {c.id: {"status": status(c), "error": round(_predicted(c).error, 4)}
+                 for c in CASES},
+    }
+
+
+def _fit_ok(f: FitCase) -> bool:
+    b = estimate(model(f.model_id), f.recipe, get_device(f.gpu), search_micro_batch=False)
+    cap = b.capacity_bytes if f.capacity_gib is None else f.capacity_gib * GIB
+    return (b.worst.device_total_bytes <= cap) == f.fits
 
 
 def _ranges(ids: list[str]) -> str:

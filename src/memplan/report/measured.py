@@ -83,15 +83,23 @@ def render_validation(report: dict[str, Any]) -> Table:
             continue
 
         def err(v: float, bound: float) -> Text:
-            return Text(f"{v:+.2f}%", style="green" if abs(v) <= bound else "bold red")
+            style = "yellow" if c.get("differs_from_framework") else (
+                "green" if abs(v) <= bound else "bold red")
+            return Text(f"{v:+.2f}%", style=style)
 
         cats = c["categories_at_peak"]
         at = ("activations", "temporary")
         est = sum(cats.get(k, {}).get("estimated", 0) for k in at)
         meas = sum(cats.get(k, {}).get("measured", 0) for k in at)
-        t.add_row(c["name"], fmt_bytes(c["measured_peak_allocated_bytes"]),
-                  fmt_bytes(c["traced_peak_allocated_bytes"]), err(c["trace_error_pct"], b["trace"]),
+        harness = c.get("harness", "memplan")
+        traced = c["traced_peak_allocated_bytes"]
+        name = c["name"]  # framework case names start with their harness
+        if c.get("differs_from_framework"):
+            name += " (differs)"
+        t.add_row(name, fmt_bytes(c["measured_peak_allocated_bytes"]),
+                  "-" if traced is None else fmt_bytes(traced),
+                  "-" if traced is None else err(c["trace_error_pct"], b["trace"]),
                   fmt_bytes(c["estimated_peak_allocated_bytes"]),
                   err(c["estimate_error_pct"], b["estimate"]),
-                  f"{fmt_bytes(est)} / {fmt_bytes(meas)}")
+                  f"{fmt_bytes(est)} / {fmt_bytes(meas)}" if harness == "memplan" else "-")
     return t

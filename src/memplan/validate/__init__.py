@@ -1,12 +1,19 @@
 """``validate``: memplan's built-in accuracy suite (torch, transformers and PEFT required).
 
 Each case of ``cases.toml`` (a real architecture at a tiny size, ``tiny/*.json``, with a recipe)
-is run three ways and the peaks of allocated bytes are compared:
+names its ``harness``. A ``memplan`` case is run three ways and the peaks of allocated bytes
+are compared:
 
 - **measured**: two real training steps (``memplan.measure.real.measure_recipe``): exact live
   tensor bytes on CPU; on CUDA, ``torch.cuda.max_memory_allocated``;
 - **traced**: the same code under ``FakeTensorMode`` (``memplan.trace.trace``);
 - **estimated**: the analytical ``memplan.estimate.estimate`` on the model's config.
+
+A framework case (``trainer``, ``peft``, ``accelerate``, ``plain``: ``harnesses.py``) is run
+the way its users run it and measured with PyTorch's own ``MemTracker``, a counter memplan's
+estimator and tracer do not share; it has no trace. A case whose framework default differs
+from a memplan assumption the estimator does not follow says why (``differs``) and is reported
+outside the bound and the aggregates.
 
 Bounds (``BOUNDS``): the trace must be within 1% of the measurement, the estimate within 5%.
 The report lists every case, its errors per category, and the aggregate errors.
@@ -27,8 +34,10 @@ from typing import Any
 from ..breakdown import Breakdown
 from ..errors import ConfigError
 from ..recipe import Recipe
+from .harnesses import HARNESSES
 
-__all__ = ["BOUNDS", "Case", "CaseResult", "ValidationReport", "cases", "measured_peak", "validate"]
+__all__ = ["BOUNDS", "Case", "CaseResult", "ValidationReport", "cases", "measured_peak", "run_case",
+           "validate"]
 
 BOUNDS = {"trace": 1.0, "estimate": 5.0}
 """Largest allowed |error| of the peak allocated bytes, in % of the measured peak (issue #4)."""
@@ -46,6 +55,16 @@ class Case:
     """The recipe (``device`` set by the run)."""
     quick: bool
     """Part of ``--quick``."""
+    harness: str = "memplan"
+    """Who runs and measures it: ``memplan`` (memplan's measure and trace) or a framework
+    harness of ``harnesses.HARNESSES`` (run with the framework's defaults, measured by
+    PyTorch's MemTracker; no trace)."""
+    base_dtype: str = ""
+    """Framework harnesses: cast the model to ``bf16``/``fp16`` before training, as a user who
+    loads a 16-bit checkpoint does ('' keeps fp32)."""
+    differs: str = ""
+    """Where the framework's default differs from memplan's assumption and the estimator does
+    not follow it: why. The case is reported, but kept out of the bound and the aggregates."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -64,19 +83,29 @@ class CaseResult:
     """Wall time of the three."""
     error: str = ""
     """Why the case did not complete ('' when it did)."""
+    harness_peak: int | None = None
+    """Framework harnesses: MemTracker's peak of live tensor bytes (``measured`` is None)."""
+
+    @property
+    def measured_bytes(self) -> int | None:
+        if self.harness_peak is not None:
+            return self.harness_peak
+        return None if self.measured is None else measured_peak(self.measured)
 
     def error_pct(self, which: str) -> float | None:
         """(``which``'s peak - measured peak) / measured peak x 100; ``which``: trace|estimate."""
         other = self.traced if which == "trace" else self.estimated
-        if self.measured is None or other is None:
+        m = self.measured_bytes
+        if m is None or other is None:
             return None
-        m = measured_peak(self.measured)
         return (other.worst.peak_allocated_bytes - m) / m * 100
 
     @property
     def ok(self) -> bool:
         if self.error:
             return False
+        if self.case.differs:
+            return True
         return all(abs(self.error_pct(w) or 0.0) <= b for w, b in BOUNDS.items())
 
     def to_dict(self) -> dict[str, Any]:
@@ -92,12 +121,13 @@ class CaseResult:
         r = self.case.recipe
         return {
             "name": self.case.name,
+            "harness": self.case.harness,
+            "differs_from_framework": self.case.differs,
             "model": Path(self.case.model).stem,
             "recipe": {k: r.to_dict()[k] for k in (
                 "precision", "optimizer", "method", "checkpointing", "attention", "micro_batch",
                 "seq_len", "device")},
-            "measured_peak_allocated_bytes": (None if self.measured is None
-                                              else measured_peak(self.measured)),
+            "measured_peak_allocated_bytes": self.measured_bytes,
             "traced_peak_allocated_bytes": peak(self.traced),
             "estimated_peak_allocated_bytes": peak(self.estimated),
             "trace_error_pct": self.error_pct("trace"),
@@ -127,7 +157,8 @@ class ValidationReport:
     """torch, transformers, peft, python (and the GPU and CUDA on ``cuda``)."""
 
     def _abs(self, which: str) -> list[float]:
-        return [abs(e) for r in self.results if (e := r.error_pct(which)) is not None]
+        return [abs(e) for r in self.results
+                if not r.case.differs and (e := r.error_pct(which)) is not None]
 
     def max_abs_error_pct(self, which: str = "estimate") -> float | None:
         vals = self._abs(which)
@@ -188,13 +219,19 @@ def cases(*, quick: bool = False, device: str = "cpu",
     for row in rows:
         row = dict(row)
         name, model, is_quick = row.pop("name"), row.pop("model"), row.pop("quick", False)
-        if quick and not is_quick:
-            continue
+        harness, base_dtype = row.pop("harness", "memplan"), row.pop("base_dtype", "")
+        differs = row.pop("differs", "")
+        if harness not in HARNESSES:
+            raise ConfigError([f"{where}: case {name!r}: harness={harness!r} is not one of "
+                               f"{', '.join(HARNESSES)}."])
+        if (quick and not is_quick) or (harness != "memplan" and device != "cpu"):
+            continue  # framework harnesses measure with MemTracker on CPU only
         try:
             recipe = Recipe.from_dict({**row, "device": device}, where=f"case {name!r}")
         except ConfigError as e:
             raise ConfigError([f"cases.toml: {p}" for p in e.problems]) from None
-        out.append(Case(name=name, model=_tiny(model), recipe=recipe, quick=is_quick))
+        out.append(Case(name=name, model=_tiny(model), recipe=recipe, quick=is_quick,
+                        harness=harness, base_dtype=base_dtype, differs=differs))
     return out
 
 
@@ -224,6 +261,8 @@ def run_case(case: Case, device: Any) -> CaseResult:
     from ..trace import trace
 
     t0 = time.perf_counter()
+    if case.harness != "memplan":
+        return _run_framework_case(case, device, t0)
     try:
         measured = measure_recipe(case.model, case.recipe, device)
         traced = trace(case.model, case.recipe, device)
@@ -232,6 +271,23 @@ def run_case(case: Case, device: Any) -> CaseResult:
         return CaseResult(case=case, seconds=time.perf_counter() - t0,
                           error=f"{type(e).__name__}: {e}")
     return CaseResult(case=case, measured=measured, traced=traced, estimated=estimated,
+                      seconds=time.perf_counter() - t0)
+
+
+def _run_framework_case(case: Case, device: Any, t0: float) -> CaseResult:
+    """A framework harness measures (MemTracker); the estimate is the same as for memplan's."""
+    from ..estimate import estimate
+    from ..model import load_model
+    from .harnesses import measure_with_harness
+
+    try:
+        peak = measure_with_harness(case.harness, case.model, case.recipe,
+                                    base_dtype=case.base_dtype)
+        estimated = estimate(load_model(case.model), case.recipe, device)
+    except Exception as e:  # noqa: BLE001 - one broken case must not hide the others
+        return CaseResult(case=case, seconds=time.perf_counter() - t0,
+                          error=f"{type(e).__name__}: {e}")
+    return CaseResult(case=case, harness_peak=peak, estimated=estimated,
                       seconds=time.perf_counter() - t0)
 
 

@@ -196,17 +196,21 @@ def _qkv_attention(b: Blocks, y: Tensor, h: int, heads: int, d: int, *, attentio
             o = b.copy(o, 1.0) if neox else o
         else:  # eager, or CPU sdpa with dropout: the math path materialises the scores
             math = fused and not neox
-            if math:  # CPU math sdpa: autocast casts q, k, v to 16 bits, the math kernel computes
-                # in fp32 on copies (scaled q, k and v), output cast back
+            low = c.half if c.amp else q.itemsize  # the dtype sdpa is called with
+            if math:  # CPU math sdpa: autocast casts q, k, v to 16 bits; the math kernel
+                # converts 16-bit q, k, v to fp32 "for accuracy" (attention.cpp,
+                # _scaled_dot_product_attention_math; under autocast and 16-bit training alike)
+                # and computes on copies (scaled q, k and v), output cast back
                 if c.amp:
-                    q, k, v = (b.cast(b.cast(t, c.half), 4) for t in (q, k, v))
+                    q, k, v = (b.cast(t, c.half) for t in (q, k, v))
+                q, k, v = (b.cast(t, 4) for t in (q, k, v))
                 q, k, v = (b.copy(t, 1.0) for t in (q, k, v))
             if neox:  # the strided view of the fused output is copied for the matmul
                 v = b.copy(v, 1 / 3)
             o = b.eager(q, k, v, heads, heads, dropout=dropout, mask=mask, autocast=not math,
                         upcast_input=False)
-            if math and c.amp:
-                o = b.cast(o, c.half)
+            if math and low < 4:
+                o = b.cast(o, low)
     return b.linear(o, heads * d, h, bias=True, role=("o",))
 
 
