@@ -48,7 +48,7 @@ class TimeEstimate:
     model_flops_per_step: float
     """Model FLOPs of the whole job per step (PaLM convention, see ``timing.flops``)."""
     executed_flops_per_step: float
-    """FLOPs actually executed (recomputation, causal skipping)."""
+    """FLOPs actually executed (recomputation, eager attention's masked half): HFU's numerator."""
     peak_flops_per_gpu: float
     """Dense peak of the compute dtype, FLOP/s."""
     gpu_busy_seconds: float
@@ -59,6 +59,9 @@ class TimeEstimate:
     """Efficiencies and overlap rules used."""
     notes: tuple[str, ...] = field(default=())
     """Unknown bandwidths and other caveats."""
+    model_flops_noncausal_per_step: float = 0.0
+    """Model FLOPs over the full s x s attention matrix (torchtitan's / PaLM's MFU formula), to
+    compare with MFUs published that way; 0 when not computed."""
 
     @property
     def tokens_per_second(self) -> float:
@@ -99,6 +102,7 @@ class TimeEstimate:
             "tokens_per_step": self.tokens_per_step, "gpus": self.gpus,
             "model_flops_per_step": self.model_flops_per_step,
             "executed_flops_per_step": self.executed_flops_per_step,
+            "model_flops_noncausal_per_step": self.model_flops_noncausal_per_step,
             "peak_flops_per_gpu": self.peak_flops_per_gpu,
             "gpu_busy_seconds": self.gpu_busy_seconds,
             "resources": [r.to_dict() for r in self.resources],
@@ -113,4 +117,6 @@ class TimeEstimate:
                    peak_flops_per_gpu=float(d["peak_flops_per_gpu"]),
                    gpu_busy_seconds=float(d["gpu_busy_seconds"]),
                    resources=tuple(ResourceTime.from_dict(r) for r in d["resources"]),
-                   assumptions=tuple(d.get("assumptions", ())), notes=tuple(d.get("notes", ())))
+                   assumptions=tuple(d.get("assumptions", ())), notes=tuple(d.get("notes", ())),
+                   model_flops_noncausal_per_step=float(
+                       d.get("model_flops_noncausal_per_step", 0.0)))

@@ -3,7 +3,8 @@
 Per rank and step (tokens per replica = micro_batch x seq_len x grad_accum, work split over
 tp x pp x cp):
 
-- **compute** = executed FLOPs / (dense peak of the compute dtype x matmul efficiency 0.81);
+- **compute** = per-GEMM rooflines of the linear layers and the attention kernels at their
+  published efficiency (``kernels.py``; fp8 only on linear layers);
 - **hbm** = bytes of memory-bound kernels (norms, residuals, rotary, activations, eager
   attention scores, cross-entropy, the GPU optimizer step) / (HBM spec x 0.83);
 - **nvlink / network** = collectives (``comms.py``) over the link each group crosses;
@@ -41,6 +42,7 @@ from ..recipe import Recipe
 from ..units import dtype_bytes
 from .comms import Link, allreduce_s, gather_s, group_link
 from .flops import token_flops
+from .kernels import attention_efficiency, kernel_seconds
 from .result import ResourceTime, TimeEstimate
 
 __all__ = ["estimate_time", "pcie_gb_per_s", "peak_tflops"]
@@ -103,9 +105,14 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     split = tp * pp * cp
     fl = token_flops(model, recipe)
     notes: list[str] = []
-    t_compute = fl.executed * tokens_replica / split / (peak * eff)
     hbm = (device.hbm_gb_per_s or 0) * 1e9 * constant("hbm_efficiency")
     dt = dtypes(recipe)
+    att_peak_t = (device.tflops or {}).get(dt.compute) or peak_t
+    kt = kernel_seconds(model, recipe, device, linear_peak=peak, attention_peak=att_peak_t * 1e12,
+                        matmul_efficiency=eff, hbm_bytes_per_s=hbm,
+                        bytes_per_element=1.0 if key == "fp8" else dtype_bytes(dt.compute))
+    notes.extend(kt.notes)
+    t_compute = (kt.linear_s + kt.attention_s) * m
     elems_rank = trainable / (tp * pp)
     part = elems_rank / (recipe.shard_degree if recipe.zero >= 1 else 1)
     opt_bytes = 0.0 if recipe.offload != "none" else constant("optimizer_bytes_per_param_gpu") * part
@@ -219,9 +226,11 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     busy_s["nvme"] += nvme_opt
     exposed["pcie"] += pcie_serial
     busy_s["pcie"] += pcie_serial
+    att_f, att_b, _ = attention_efficiency(device, recipe.attention, eff)
     details = {
-        "compute": f"{fl.executed:.3g} executed FLOPs/token at {eff:.0%} of {peak_t:g} TFLOP/s "
-                   f"({key})",
+        "compute": f"GEMMs {kt.linear_s * m:.3g} s (rooflines at {eff:.0%} of {peak_t:g} "
+                   f"TFLOP/s {key}), attention {kt.attention_s * m:.3g} s (fwd/bwd at "
+                   f"{att_f:.0%}/{att_b:.0%} of {att_peak_t:g} TFLOP/s)",
         "hbm": "norms, residuals, activations, cross-entropy, GPU optimizer step at "
                f"{constant('hbm_efficiency'):.0%} of {device.hbm_gb_per_s} GB/s",
         "nvlink": "intra-node collectives (TP/EP/PP on the critical path; DP/ZeRO/CP overlapped)",
@@ -242,7 +251,9 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
         notes.append("not timed (unknown): " + ", ".join(sorted(set(unknown)))
                      + "; give --node or --pcie")
     assumptions = (
-        f"matmuls at {eff:.0%} of the dense {key} peak (H100 GEMM measurement, rates.toml)",
+        f"GEMMs: roofline of each linear layer's shape, at most {eff:.0%} of the dense {key} "
+        "peak (H100 GEMM measurement, rates.toml); attention at the FlashAttention papers' "
+        "fraction of the 16-bit peak (fp8 only on linear layers)",
         "compute and memory-bound kernels serial; TP/EP/PP comm on the critical path; "
         "DP/ZeRO/CP comm, parameter fetches and data loading overlapped with forward/backward",
         "CPU optimizer step and ZeRO-Offload parameter upload serial after backward",
@@ -252,5 +263,6 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
         step_seconds=step, tokens_per_step=tokens_replica * replicas, gpus=recipe.gpus,
         model_flops_per_step=fl.model * tokens_replica * replicas,
         executed_flops_per_step=fl.executed * tokens_replica * replicas,
+        model_flops_noncausal_per_step=fl.model_noncausal * tokens_replica * replicas,
         peak_flops_per_gpu=peak, gpu_busy_seconds=busy, resources=resources,
         assumptions=assumptions, notes=tuple(notes))
