@@ -12,6 +12,7 @@ from .hardware import cpu_device, get_device
 from .hardware.nodes import get_node
 from .host import HostSetup, node_hardware, parse_size
 from .system import with_host_and_time
+from .timing.calibration import load_calibration
 from .model import catalog, load_model
 from .recipe import Recipe
 
@@ -41,8 +42,10 @@ def estimate_from_names(model: str, gpu: str | None, *, recipe_file: str | Path 
                         host_memory_bytes: int = 0, node: str | None = None,
                         host_ram: str | int | None = None, nvme: str | int | None = None,
                         pcie: int | None = None,
-                        host_overrides: dict[str, Any] | None = None) -> Breakdown:
-    """Resolve names, validate everything, estimate GPU memory, host RAM, NVMe and step time.
+                        host_overrides: dict[str, Any] | None = None,
+                        calibration_file: str | Path | None = None) -> Breakdown:
+    """Resolve names, validate everything, estimate GPU memory, host RAM, NVMe and step time
+    (with the rates of a ``memplan calibrate`` file when ``calibration_file`` is given).
     ``gpu`` None means the node's GPU (or H100-80GB without a node). Raises ``MemplanError``
     on bad input."""
     preset = get_node(node) if node else None
@@ -57,7 +60,9 @@ def estimate_from_names(model: str, gpu: str | None, *, recipe_file: str | Path 
                        host_ram_bytes=parse_size(host_ram, "--host-ram") if host_ram else None,
                        nvme_bytes=parse_size(nvme, "--nvme") if nvme else None, pcie_gen=pcie)
     spec = load_model(model)
-    return with_host_and_time(estimate(spec, recipe, device), spec, recipe, device, hw, setup)
+    cal = load_calibration(calibration_file) if calibration_file is not None else None
+    return with_host_and_time(estimate(spec, recipe, device), spec, recipe, device, hw, setup,
+                              cal)
 
 
 def trace_from_names(model: str, gpu: str, *, recipe_file: str | Path | None = None,

@@ -163,6 +163,7 @@ def estimate(
     workers: Annotated[int | None, Opt(help="DataLoader workers per rank. [default: 2]")] = None,
     prefetch: Annotated[int | None, Opt(help="DataLoader prefetch_factor. [default: 2]")] = None,
     format: Annotated[str, Opt("--format", help="table | json.")] = "table",
+    calibration: Annotated[Path | None, Opt(help="Rates from `memplan calibrate --out`.")] = None,
     flags: dict[str, Any] | None = None,
 ) -> None:
     """Estimate per-GPU memory, host RAM, NVMe and step time of one training configuration.
@@ -177,7 +178,7 @@ def estimate(
         return api.estimate_from_names(model, gpu, recipe_file=recipe, overrides=flags,
                                        host_memory_bytes=_host_memory_bytes(), node=node,
                                        host_ram=host_ram, nvme=nvme, pcie=pcie,
-                                       host_overrides=host_flags)
+                                       host_overrides=host_flags, calibration_file=calibration)
 
     _show(_guard(run), format)
 
@@ -413,6 +414,11 @@ def validate(
                       f"in {report['seconds']:.0f} s; {'PASSED' if report['passed'] else 'FAILED'}")
     if not report["passed"]:
         raise typer.Exit(1)
+
+
+from .cli_calibrate import calibrate_command  # noqa: E402  (its own module: issue #19)
+
+app.command("calibrate")(calibrate_command)
 
 
 def main() -> None:

@@ -95,9 +95,11 @@ def _layer_gemm_s(layer: Layer, tokens: float, tp: int, ep: int, gemm) -> float:
 
 def kernel_seconds(model: ModelSpec, recipe: Recipe, device: Device, *, linear_peak: float,
                    attention_peak: float, matmul_efficiency: float, hbm_bytes_per_s: float,
-                   bytes_per_element: float) -> KernelTime:
+                   bytes_per_element: float,
+                   attention_override: tuple[float, float] | None = None) -> KernelTime:
     """GEMM and attention time of one micro-batch (forward, backward, recompute) on one rank
-    holding ``1/pp`` of the layers (module docstring)."""
+    holding ``1/pp`` of the layers (module docstring). ``attention_override`` = measured
+    (forward, backward) fractions of ``attention_peak`` (``memplan calibrate``)."""
     tp, cp, pp = recipe.tp, recipe.cp, recipe.pp
     tokens = recipe.micro_batch * recipe.seq_len / cp
 
@@ -106,6 +108,8 @@ def kernel_seconds(model: ModelSpec, recipe: Recipe, device: Device, *, linear_p
                             hbm_bytes_per_s=hbm_bytes_per_s, bytes_per_element=bytes_per_element)
 
     eff_f, eff_b, note = attention_efficiency(device, recipe.attention, matmul_efficiency)
+    if attention_override is not None:
+        (eff_f, eff_b), note = attention_override, None
     n = model.num_layers
     first_trainable = n - recipe.freeze_trainable_layers if recipe.method == "freeze" else 0
     w_grad = 1.0 if recipe.method in ("full", "freeze") else 0.0

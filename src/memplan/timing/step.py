@@ -32,6 +32,7 @@ peak, which real FP8 training does not reach (casts and scaling).
 
 from __future__ import annotations
 
+from ..errors import ConfigError
 from ..estimate.precision import dtypes
 from ..hardware import Device
 from ..host.constants import constant
@@ -40,6 +41,7 @@ from ..host.setup import HostSetup
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
 from ..units import dtype_bytes
+from .calibration import Calibration
 from .comms import Link, allreduce_s, gather_s, group_link
 from .flops import token_flops
 from .kernels import attention_efficiency, kernel_seconds
@@ -90,14 +92,23 @@ def _hbm_bytes_per_token(model: ModelSpec, recipe: Recipe, tp: int) -> float:
 
 
 def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
-                  setup: HostSetup, trainable: int) -> TimeEstimate | None:
+                  setup: HostSetup, trainable: int,
+                  calibration: Calibration | None = None) -> TimeEstimate | None:
     """Step time of ``recipe`` on ``device`` GPUs in ``hw`` nodes; None when the catalog has
-    no dense peak for the compute dtype (the reason is the caller's to report)."""
+    no dense peak for the compute dtype (the reason is the caller's to report). Rates measured
+    by ``memplan calibrate`` (``calibration``) replace the sourced defaults they cover."""
     peak_t, key = peak_tflops(device, recipe)
     if not peak_t or recipe.device == "cpu":
         return None
+    cal = calibration
+    if cal is not None and cal.gpu != device.name:
+        raise ConfigError([f"--calibration was measured for {cal.gpu}, the estimate is for "
+                           f"{device.name}: rerun `memplan calibrate --gpu {device.name}` on "
+                           "that GPU, or drop --calibration."])
     peak = peak_t * 1e12
-    eff = setup.matmul_efficiency or constant("matmul_efficiency")
+    cal_peak = (device.tflops or {}).get(cal.dtype) if cal else None
+    cal_eff = cal.efficiency(cal.gemm_tflops, cal_peak) if cal else None
+    eff = cal_eff or setup.matmul_efficiency or constant("matmul_efficiency")
     tp, pp, cp, ep = recipe.tp, recipe.pp, recipe.cp, recipe.ep
     local = recipe.local_gpus
     m = recipe.grad_accum
@@ -106,11 +117,18 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     fl = token_flops(model, recipe)
     notes: list[str] = []
     hbm = (device.hbm_gb_per_s or 0) * 1e9 * constant("hbm_efficiency")
+    if cal is not None and cal.hbm_gb_per_s:
+        hbm = cal.hbm_gb_per_s * 1e9
     dt = dtypes(recipe)
+    att_cal = None
+    if cal is not None and cal.attention_fwd_tflops and cal.attention_bwd_tflops:
+        att_cal = (cal.efficiency(cal.attention_fwd_tflops, cal_peak) or 1.0,
+                   cal.efficiency(cal.attention_bwd_tflops, cal_peak) or 1.0)
     att_peak_t = (device.tflops or {}).get(dt.compute) or peak_t
     kt = kernel_seconds(model, recipe, device, linear_peak=peak, attention_peak=att_peak_t * 1e12,
                         matmul_efficiency=eff, hbm_bytes_per_s=hbm,
-                        bytes_per_element=1.0 if key == "fp8" else dtype_bytes(dt.compute))
+                        bytes_per_element=1.0 if key == "fp8" else dtype_bytes(dt.compute),
+                        attention_override=att_cal)
     notes.extend(kt.notes)
     t_compute = (kt.linear_s + kt.attention_s) * m
     elems_rank = trainable / (tp * pp)
@@ -124,8 +142,12 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
 
     nv = hw.nvlink_gb_per_s
     h2d, d2h = pcie_gb_per_s(hw.pcie_gen, setup.pinned)
+    if cal is not None and cal.h2d_gb_per_s and cal.d2h_gb_per_s:
+        h2d, d2h = cal.h2d_gb_per_s, cal.d2h_gb_per_s
     intra = (Link("nvlink", nv / 2 * constant("nvlink_efficiency")) if nv
              else Link("pcie", h2d))
+    if cal is not None and cal.allreduce_bus_gb_per_s and cal.world_size <= local:
+        intra = Link(intra.name, cal.allreduce_bus_gb_per_s)
     inter = Link("network", hw.network_gb_per_s * constant("network_efficiency")
                  if hw.network_gb_per_s else None)
     act = recipe.micro_batch * recipe.seq_len / cp * model.hidden_size * dtype_bytes(dt.compute)
@@ -227,6 +249,11 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     exposed["pcie"] += pcie_serial
     busy_s["pcie"] += pcie_serial
     att_f, att_b, _ = attention_efficiency(device, recipe.attention, eff)
+    if att_cal is not None:
+        att_f, att_b = att_cal
+    if cal is not None:
+        notes.append(f"calibrated on {cal.torch_device} ({cal.model} shapes, torch "
+                     f"{cal.torch_version}): GEMMs {cal.gemm_tflops:g} TFLOP/s")
     details = {
         "compute": f"GEMMs {kt.linear_s * m:.3g} s (rooflines at {eff:.0%} of {peak_t:g} "
                    f"TFLOP/s {key}), attention {kt.attention_s * m:.3g} s (fwd/bwd at "
