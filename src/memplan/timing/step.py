@@ -45,7 +45,7 @@ from .calibration import Calibration
 from .comms import Link, allreduce_s, gather_s, group_link
 from .flops import token_flops
 from .kernels import attention_efficiency, kernel_seconds
-from .result import ResourceTime, TimeEstimate
+from .result import ResourceTime, TimeEstimate, validation_band
 
 __all__ = ["estimate_time", "pcie_gb_per_s", "peak_tflops"]
 
@@ -291,5 +291,6 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
         model_flops_per_step=fl.model * tokens_replica * replicas,
         executed_flops_per_step=fl.executed * tokens_replica * replicas,
         model_flops_noncausal_per_step=fl.model_noncausal * tokens_replica * replicas,
+        error_min=validation_band()[0], error_max=validation_band()[1],
         peak_flops_per_gpu=peak, gpu_busy_seconds=busy, resources=resources,
         assumptions=assumptions, notes=tuple(notes))
