@@ -57,20 +57,21 @@ def test_bad_calibration_files():
 def test_calibrated_h100_rates_move_the_prediction(tmp_path):
     """Rates at the sourced defaults reproduce the uncalibrated step; a slower GEMM rate slows
     it (the file really is read)."""
-    from memplan.api import estimate_from_names
+    from memplan import Recipe
+    from memplan.api import Machine, estimate_from_names
 
-    base = estimate_from_names("meta-llama/Llama-3.1-8B", "H100-80GB",
-                               overrides=dict(gpus=8, zero=3), node="DGX-H100").time
+    recipe = Recipe.of(gpus=8, zero=3)
+    machine = Machine(gpu="H100-80GB", node="DGX-H100")
+    base = estimate_from_names("meta-llama/Llama-3.1-8B", recipe, machine).time
     same = tmp_path / "same.toml"
     same.write_text(Calibration(gpu="H100-80GB", torch_device="H100", model="m",
                                 gemm_tflops=989.4 * 0.81).to_toml())
     slow = tmp_path / "slow.toml"
     slow.write_text(Calibration(gpu="H100-80GB", torch_device="H100", model="m",
                                 gemm_tflops=989.4 * 0.5).to_toml())
-    kw = dict(overrides=dict(gpus=8, zero=3), node="DGX-H100")
-    t_same = estimate_from_names("meta-llama/Llama-3.1-8B", "H100-80GB", calibration_file=same,
-                                 **kw).time
-    t_slow = estimate_from_names("meta-llama/Llama-3.1-8B", "H100-80GB", calibration_file=slow,
-                                 **kw).time
+    t_same = estimate_from_names("meta-llama/Llama-3.1-8B", recipe, machine,
+                                 calibration=load_calibration(same)).time
+    t_slow = estimate_from_names("meta-llama/Llama-3.1-8B", recipe, machine,
+                                 calibration=load_calibration(slow)).time
     assert t_same.step_seconds == pytest.approx(base.step_seconds, rel=1e-3)
     assert t_slow.step_seconds > 1.3 * base.step_seconds

@@ -23,7 +23,7 @@ GPUS = (("H100-80GB", "DGX-H100"), ("A100-80GB", "DGX-A100-80GB"))
 
 def _time(model: str, gpu: str, node: str, **kw):
     m = load_model(model)
-    r = Recipe(gpus_per_node=8, **kw)
+    r = Recipe.of(gpus_per_node=8, **kw)
     d = get_device(gpu)
     hw = node_hardware(d, 8, get_node(node))
     return estimate_time(m, r, d, hw, HostSetup(), m.num_params)
@@ -53,8 +53,8 @@ def test_causal_model_flops_count_half_the_scores():
     m = load_model("meta-llama/Llama-3.1-8B")
     seq = 8192
     full_attn = 3 * 32 * 2 * 32 * (128 + 128) * seq   # layers x fwd+bwd x 2 a (d_qk + d_v) s
-    flash = token_flops(m, Recipe(seq_len=seq, attention="flash"))
-    eager = token_flops(m, Recipe(seq_len=seq, attention="eager"))
+    flash = token_flops(m, Recipe.of(seq_len=seq, attention="flash"))
+    eager = token_flops(m, Recipe.of(seq_len=seq, attention="eager"))
     assert flash.model_noncausal - flash.model == pytest.approx(full_attn / 2)
     assert flash.executed == pytest.approx(flash.model)
     assert eager.model == flash.model

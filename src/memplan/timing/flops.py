@@ -97,15 +97,15 @@ def _causal_share(layer: Layer) -> float:
 def token_flops(model: ModelSpec, recipe: Recipe) -> TokenFlops:
     """FLOPs per token of a training step of ``model`` under ``recipe`` (module docstring)."""
     n = model.num_layers
-    first_trainable = n - recipe.freeze_trainable_layers if recipe.method == "freeze" else 0
-    base_trains = recipe.method == "full"
+    first_trainable = n - recipe.method.freeze_trainable_layers if recipe.method.kind == "freeze" else 0
+    base_trains = recipe.method.kind == "full"
     m_fwd = a_fwd = 0.0
     model_f = model_nc = executed = a_executed = 0.0
     for i, layer in enumerate(model.layers):
         m = layer_matmul_flops(layer)
-        a = attention_core_flops(layer, recipe.seq_len)
+        a = attention_core_flops(layer, recipe.batch.seq_len)
         a_model = a * _causal_share(layer)
-        a_run = a if recipe.attention == "eager" else a_model
+        a_run = a if recipe.platform.attention == "eager" else a_model
         m_fwd += m
         a_fwd += a
         if i < first_trainable:          # frozen bottom layers: no backward at all
@@ -114,13 +114,13 @@ def token_flops(model: ModelSpec, recipe: Recipe) -> TokenFlops:
             executed += m + a_run
             a_executed += a_run
             continue
-        w_grad = 1.0 if (base_trains or recipe.method == "freeze") else 0.0
+        w_grad = 1.0 if (base_trains or recipe.method.kind == "freeze") else 0.0
         model_f += m * (2 + w_grad) + 3 * a_model
         model_nc += m * (2 + w_grad) + 3 * a
-        passes = 3 + (1 if recipe.checkpointing in ("full", "selective") else 0)
+        passes = 3 + (1 if recipe.checkpointing.kind in ("full", "selective") else 0)
         executed += m * (2 + w_grad) + passes * a_run
         a_executed += passes * a_run
-        if recipe.checkpointing == "full":
+        if recipe.checkpointing.kind == "full":
             executed += m
     head = 2.0 * model.hidden_size * model.vocab_size
     head_w = 1.0 if base_trains else 0.0  # freeze and LoRA leave the head frozen

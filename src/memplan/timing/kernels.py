@@ -100,35 +100,35 @@ def kernel_seconds(model: ModelSpec, recipe: Recipe, device: Device, *, linear_p
     """GEMM and attention time of one micro-batch (forward, backward, recompute) on one rank
     holding ``1/pp`` of the layers (module docstring). ``attention_override`` = measured
     (forward, backward) fractions of ``attention_peak`` (``memplan calibrate``)."""
-    tp, cp, pp = recipe.tp, recipe.cp, recipe.pp
-    tokens = recipe.micro_batch * recipe.seq_len / cp
+    tp, cp, pp = recipe.parallelism.tp, recipe.parallelism.cp, recipe.parallelism.pp
+    tokens = recipe.batch.micro_batch * recipe.batch.seq_len / cp
 
     def gemm(m: float, k: float, n: float) -> float:
         return gemm_seconds(m, k, n, peak_flops=linear_peak, matmul_efficiency=matmul_efficiency,
                             hbm_bytes_per_s=hbm_bytes_per_s, bytes_per_element=bytes_per_element)
 
-    eff_f, eff_b, note = attention_efficiency(device, recipe.attention, matmul_efficiency)
+    eff_f, eff_b, note = attention_efficiency(device, recipe.platform.attention, matmul_efficiency)
     if attention_override is not None:
         (eff_f, eff_b), note = attention_override, None
     n = model.num_layers
-    first_trainable = n - recipe.freeze_trainable_layers if recipe.method == "freeze" else 0
-    w_grad = 1.0 if recipe.method in ("full", "freeze") else 0.0
+    first_trainable = n - recipe.method.freeze_trainable_layers if recipe.method.kind == "freeze" else 0
+    w_grad = 1.0 if recipe.method.kind in ("full", "freeze") else 0.0
     lin = att = 0.0
     for i, layer in enumerate(model.layers):
-        g = _layer_gemm_s(layer, tokens, tp, recipe.ep, gemm)
-        a = attention_core_flops(layer, recipe.seq_len) * tokens / tp
-        if recipe.attention != "eager":
+        g = _layer_gemm_s(layer, tokens, tp, recipe.parallelism.ep, gemm)
+        a = attention_core_flops(layer, recipe.batch.seq_len) * tokens / tp
+        if recipe.platform.attention != "eager":
             a *= _causal_share(layer)
         a_f, a_b = a / (attention_peak * eff_f), 2 * a / (attention_peak * eff_b)
         if i < first_trainable:
             lin += g
             att += a_f
             continue
-        lin += g * (2 + w_grad) + (g if recipe.checkpointing == "full" else 0.0)
-        att += a_f + a_b + (a_f if recipe.checkpointing in ("full", "selective") else 0.0)
+        lin += g * (2 + w_grad) + (g if recipe.checkpointing.kind == "full" else 0.0)
+        att += a_f + a_b + (a_f if recipe.checkpointing.kind in ("full", "selective") else 0.0)
     lin /= pp
     att /= pp
     head = gemm(tokens, model.hidden_size, model.vocab_size / tp)
     # the head runs on the last stage; like the layers, its time is spread over pp stages
-    lin += head * (3 if recipe.method == "full" else 2) / pp
+    lin += head * (3 if recipe.method.kind == "full" else 2) / pp
     return KernelTime(linear_s=lin, attention_s=att, notes=(note,) if note else ())

@@ -51,7 +51,7 @@ def _predict(row: dict[str, str]) -> float:
     from ..system import with_host_and_time
 
     ints = ("gpus", "zero", "tp", "pp", "cp", "micro_batch", "seq_len", "grad_accum")
-    r = Recipe(gpus_per_node=8, checkpointing=row["checkpointing"], attention=row["attention"],
+    r = Recipe.of(gpus_per_node=8, checkpointing=row["checkpointing"], attention=row["attention"],
                precision=row["precision"], **{k: int(row[k]) for k in ints})
     d = get_device(row["gpu"])
     if row["hbm_gb_per_s"]:
