@@ -56,6 +56,10 @@ def _predict(row: dict[str, str]) -> float:
     d = get_device(row["gpu"])
     if row["hbm_gb_per_s"]:
         d = replace(d, hbm_gb_per_s=float(row["hbm_gb_per_s"]))
+    peaks = {k: float(row[f"peak_{k}_tflops"]) for k in ("bf16", "fp8")
+             if row.get(f"peak_{k}_tflops")}
+    if peaks:   # the publication's own statement of its GPUs' peak (row notes)
+        d = replace(d, tflops={**(d.tflops or {}), **peaks})
     m = load_model(row["model_id"])
     hw = node_hardware(get_device(row["gpu"]), 8, get_node(row["node"]))
     t = with_host_and_time(estimate(m, r, d), m, r, d, hw, HostSetup()).time
