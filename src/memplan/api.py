@@ -14,6 +14,7 @@ from .host import HostSetup, node_hardware, parse_size
 from .model import catalog, load_model
 from .recipe import Recipe, read_recipe_file
 from .system import with_host_and_time
+from .timing.calibration import Calibration
 
 __all__ = ["Machine", "estimate_from_names", "trace_from_names", "load_recipe", "load_job",
            "catalog_rows"]
@@ -60,9 +61,11 @@ def load_job(recipe_file: str | Path | None = None, overrides: dict[str, Any] | 
 
 
 def estimate_from_names(model: str, recipe: Recipe, machine: Machine | None = None,
-                        setup: HostSetup | None = None) -> Breakdown:
-    """Resolve names, estimate GPU memory, host RAM, NVMe and step time. Raises
-    ``MemplanError`` on bad input."""
+                        setup: HostSetup | None = None,
+                        calibration: Calibration | None = None) -> Breakdown:
+    """Resolve names, estimate GPU memory, host RAM, NVMe and step time (with the rates of a
+    ``memplan calibrate`` file when ``calibration`` is given). Raises ``MemplanError`` on bad
+    input."""
     machine = machine or Machine()
     preset = get_node(machine.node) if machine.node else None
     if preset is not None and recipe.parallelism.gpus_per_node == 0:
@@ -76,7 +79,8 @@ def estimate_from_names(model: str, recipe: Recipe, machine: Machine | None = No
         host_ram_bytes=parse_size(machine.host_ram, "--host-ram") if machine.host_ram else None,
         nvme_bytes=parse_size(machine.nvme, "--nvme") if machine.nvme else None,
         pcie_gen=machine.pcie)
-    return with_host_and_time(estimate(spec, recipe, device), spec, recipe, device, hw, setup)
+    return with_host_and_time(estimate(spec, recipe, device), spec, recipe, device, hw, setup,
+                              calibration)
 
 
 def trace_from_names(model: str, recipe: Recipe, gpu: str = "H100-80GB",

@@ -91,6 +91,7 @@ def estimate(
     workers: Annotated[int | None, host_option("workers")] = None,
     prefetch: Annotated[int | None, host_option("prefetch")] = None,
     format: Annotated[str, Opt("--format", help="table | json.")] = "table",
+    calibration: Annotated[Path | None, Opt(help="Rates from `memplan calibrate --out`.")] = None,
     flags: dict[str, Any] | None = None,
 ) -> None:
     """Estimate per-GPU memory, host RAM, NVMe and step time of one training configuration.
@@ -101,11 +102,13 @@ def estimate(
 
     def run() -> Any:
         from . import api
+        from .timing.calibration import load_calibration
 
         job, setup = api.load_job(recipe, flags, host_flags)
         machine = api.Machine(gpu=gpu, node=node, host_ram=host_ram, nvme=nvme, pcie=pcie,
                               host_memory_bytes=_host_memory_bytes())
-        return api.estimate_from_names(model, job, machine, setup)
+        cal = load_calibration(calibration) if calibration else None
+        return api.estimate_from_names(model, job, machine, setup, cal)
 
     _show(_guard(run), format)
 
@@ -355,6 +358,11 @@ def validate(
                       f"in {report['seconds']:.0f} s; {'PASSED' if report['passed'] else 'FAILED'}")
     if not report["passed"]:
         raise typer.Exit(1)
+
+
+from .cli_calibrate import calibrate_command  # noqa: E402  (its own module: issue #19)
+
+app.command("calibrate")(calibrate_command)
 
 
 def main() -> None:

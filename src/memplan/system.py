@@ -11,12 +11,14 @@ from .host import HostSetup, NodeHardware, estimate_host
 from .model.spec import ModelSpec
 from .recipe import Recipe
 from .timing import estimate_time
+from .timing.calibration import Calibration
 
 __all__ = ["with_host_and_time"]
 
 
 def with_host_and_time(b: Breakdown, model: ModelSpec, recipe: Recipe, device: Device,
-                       hw: NodeHardware, setup: HostSetup | None = None) -> Breakdown:
+                       hw: NodeHardware, setup: HostSetup | None = None,
+                       calibration: Calibration | None = None) -> Breakdown:
     """``b`` with ``host``, ``nvme`` and ``time`` filled in (``time`` stays None when the GPU
     has no dense peak for the compute dtype; nothing is added for ``device = cpu``)."""
     if recipe.platform.device == "cpu":
@@ -24,5 +26,5 @@ def with_host_and_time(b: Breakdown, model: ModelSpec, recipe: Recipe, device: D
     setup = setup or HostSetup()
     host, nvme = estimate_host(b, model, recipe, hw, setup)
     trainable = b.model.trainable_params
-    time = estimate_time(model, recipe, device, hw, setup, trainable)
+    time = estimate_time(model, recipe, device, hw, setup, trainable, calibration)
     return replace(b, host=host, nvme=nvme, time=time)

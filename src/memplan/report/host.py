@@ -68,12 +68,15 @@ def host_sections(b: Breakdown) -> list[RenderableType]:
         for col, just in (("resource", "left"), ("busy", "right"), ("exposed", "right"),
                           ("what / overlap", "left")):
             tab.add_column(col, justify=just, no_wrap=col != "what / overlap")  # type: ignore[arg-type]
+        lo, hi = t.tokens_per_second_range
         for r in t.resources:
             tab.add_row(r.name, f"{r.seconds:.3f} s", f"{r.exposed_seconds:.3f} s", r.detail)
         out += [tab,
                 Text(f"  step {t.step_seconds:.3f} s   {t.tokens_per_second:,.0f} tokens/s "
-                     f"({t.tokens_per_second_per_gpu:,.0f} per GPU)   MFU {t.mfu:.1%}   "
-                     f"HFU {t.hfu:.1%}"),
+                     f"({lo:,.0f}-{hi:,.0f})   {t.tokens_per_second_per_gpu:,.0f} per GPU   "
+                     f"MFU {t.mfu:.1%}   HFU {t.hfu:.1%}"),
+                Text(f"  range: validation's errors on published rows, {t.error_min:+.0%} to "
+                     f"{t.error_max:+.0%} (README 'Step time')", style="dim"),
                 Text.assemble("  GPU idle   ", (f"{t.gpu_idle_fraction:.0%}", "bold"),
                               "   bottleneck: ", (t.bottleneck, "bold"))]
         out += [Text(f"  assumes: {a}", style="dim") for a in t.assumptions]

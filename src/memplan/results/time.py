@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
 from typing import Any
 
-__all__ = ["ResourceTime", "TimeEstimate", "RESOURCES"]
+__all__ = ["ResourceTime", "TimeEstimate", "RESOURCES", "validation_band"]
+
+
+@cache
+def validation_band() -> tuple[float, float]:
+    """(error_min, error_max) from ``accuracy.toml``, written by
+    ``scripts/throughput_accuracy.py`` from the published rows."""
+    row = tomllib.loads(resources.files("memplan.timing").joinpath("accuracy.toml")
+                        .read_text())["band"]
+    return float(row["error_min"]), float(row["error_max"])
 
 RESOURCES = ("compute", "hbm", "nvlink", "network", "pcie", "nvme", "cpu", "data",
              "pipeline bubble")
@@ -48,7 +60,7 @@ class TimeEstimate:
     model_flops_per_step: float
     """Model FLOPs of the whole job per step (PaLM convention, see ``timing.flops``)."""
     executed_flops_per_step: float
-    """FLOPs actually executed (recomputation, causal skipping)."""
+    """FLOPs actually executed (recomputation, eager attention's masked half): HFU's numerator."""
     peak_flops_per_gpu: float
     """Dense peak of the compute dtype, FLOP/s."""
     gpu_busy_seconds: float
@@ -59,6 +71,13 @@ class TimeEstimate:
     """Efficiencies and overlap rules used."""
     notes: tuple[str, ...] = field(default=())
     """Unknown bandwidths and other caveats."""
+    error_min: float = 0.0
+    """Smallest signed error (predicted / published - 1) validation measured (``band``)."""
+    error_max: float = 0.0
+    """Largest signed error validation measured (``timing/accuracy.toml``)."""
+    model_flops_noncausal_per_step: float = 0.0
+    """Model FLOPs over the full s x s attention matrix (torchtitan's / PaLM's MFU formula), to
+    compare with MFUs published that way; 0 when not computed."""
 
     @property
     def tokens_per_second(self) -> float:
@@ -67,6 +86,13 @@ class TimeEstimate:
     @property
     def tokens_per_second_per_gpu(self) -> float:
         return self.tokens_per_second / self.gpus
+
+    @property
+    def tokens_per_second_range(self) -> tuple[float, float]:
+        """Measured tokens/s this prediction stands for: ``P / (1 + error_max)`` to
+        ``P / (1 + error_min)``, the spread of validation's errors on published rows."""
+        p = self.tokens_per_second
+        return p / (1 + self.error_max), p / (1 + self.error_min)
 
     @property
     def mfu(self) -> float:
@@ -99,6 +125,9 @@ class TimeEstimate:
             "tokens_per_step": self.tokens_per_step, "gpus": self.gpus,
             "model_flops_per_step": self.model_flops_per_step,
             "executed_flops_per_step": self.executed_flops_per_step,
+            "model_flops_noncausal_per_step": self.model_flops_noncausal_per_step,
+            "tokens_per_second_range": list(self.tokens_per_second_range),
+            "error_min": self.error_min, "error_max": self.error_max,
             "peak_flops_per_gpu": self.peak_flops_per_gpu,
             "gpu_busy_seconds": self.gpu_busy_seconds,
             "resources": [r.to_dict() for r in self.resources],
@@ -113,4 +142,8 @@ class TimeEstimate:
                    peak_flops_per_gpu=float(d["peak_flops_per_gpu"]),
                    gpu_busy_seconds=float(d["gpu_busy_seconds"]),
                    resources=tuple(ResourceTime.from_dict(r) for r in d["resources"]),
-                   assumptions=tuple(d.get("assumptions", ())), notes=tuple(d.get("notes", ())))
+                   assumptions=tuple(d.get("assumptions", ())), notes=tuple(d.get("notes", ())),
+                   error_min=float(d.get("error_min", 0.0)),
+                   error_max=float(d.get("error_max", 0.0)),
+                   model_flops_noncausal_per_step=float(
+                       d.get("model_flops_noncausal_per_step", 0.0)))

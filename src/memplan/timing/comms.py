@@ -4,8 +4,12 @@ Collective costs follow the ring algorithm's bus traffic (NCCL tests' busBW conv
 all-reduce moves ``2 (n-1)/n x bytes`` per rank, all-gather / reduce-scatter / all-to-all
 ``(n-1)/n x bytes``. Rank order is Megatron-Core's ``tp-cp-ep-dp-pp`` (tp innermost), so a
 group stays inside a node when the product of its size and the degrees inside it fits the
-node's GPUs; otherwise it is limited by the node's network per GPU (rail-optimised rings send
-each GPU's share through its own NIC).
+node's GPUs. A group that spans nodes runs one NCCL channel per member GPU of a node, each
+through that GPU's NIC, so its bus bandwidth is the NICs of its members in one node together
+(capped by NVLink): nccl-tests all_reduce on 3 nodes of 8 A100 with 4 HDR NICs each measured
+84.8 GB/s average, 96 peak, of the 100 GB/s of a node's NICs (NVIDIA/nccl-tests#119); 2 such
+nodes 86 of 96 GB/s (NVIDIA/nccl#1048). A group with one member per node (DP across TP groups)
+gets one GPU's NIC.
 
 Volumes (16-bit activations/parameters, Megatron §3 of Narayanan et al. 2021 / ZeRO §7):
 
@@ -56,5 +60,12 @@ def gather_s(nbytes: float, n: int, link: Link) -> float | None:
 
 def group_link(inner: int, size: int, local: int, intra: Link, inter: Link) -> Link:
     """The link a group of ``size`` ranks with stride ``inner`` crosses: intra-node when
-    ``inner x size <= local`` GPUs per node, else the network."""
-    return intra if inner * size <= local else inter
+    ``inner x size <= local`` GPUs per node, else the network at ``inter`` (one GPU's NIC) x
+    the group's members per node, capped by the intra-node link (module docstring)."""
+    if inner * size <= local:
+        return intra
+    if not inter.gb_per_s:
+        return inter
+    per_node = max(1, min(size, local // max(inner, 1)))
+    bw = inter.gb_per_s * per_node
+    return Link("network", min(bw, intra.gb_per_s) if intra.gb_per_s else bw)

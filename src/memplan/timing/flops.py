@@ -15,10 +15,20 @@ frozen matmuls that still pass gradients down (LoRA base), 0 below the lowest tr
 every layer (``full``) or of the attention core (``selective``, Korthikanti et al. 2022,
 arXiv 2205.05198 §5).
 
-Two counts: **model FLOPs** (PaLM, Chowdhery et al. 2022, App. B; torchtitan's MFU: no
-recomputation, attention over the full s x s matrix, i.e. 6N + 12 L a d s for full training)
-and **executed FLOPs** (recomputation included; causal SDPA/flash kernels skip the masked half
-of the scores, FlashAttention-2, Dao 2023, §3.1.1; eager attention computes all of it).
+Three counts, one convention for causal attention (``_causal_share``: a causal layer's score
+matrix has s(s+1)/2 useful entries of s^2, counted as 1/2, as FlashAttention-2 counts its causal
+benchmarks, Dao 2023, arXiv 2307.08691 §4.1):
+
+- **model FLOPs** (for MFU): PaLM App. B / Megatron (Narayanan et al. 2021, arXiv 2104.04473
+  §5.1) without recomputation, attention included, causal layers at half the scores;
+- **model FLOPs, non-causal** (``model_noncausal``): the same over the full s x s matrix, i.e.
+  torchtitan's ``6N + 12 L a d s``, kept to compare with MFUs published that way;
+- **executed FLOPs** (for HFU and time): model FLOPs + recomputation (PaLM App. B's hardware
+  FLOPs), and the masked half of a causal layer's scores where the kernel computes it anyway
+  (eager attention materialises s x s; SDPA/flash kernels skip masked tiles).
+
+So executed >= model for every recipe (HFU >= MFU), and both are FLOPs a kernel must execute,
+so MFU <= HFU <= the compute efficiency < 1 (``tests/test_timing_model.py`` checks it).
 
 **Known limitations**: T5's encoder and decoder are both charged ``seq_len`` tokens; a vision
 tower (Gemma 3) is charged like a text layer per text token; embedding lookups, norms and
@@ -43,9 +53,13 @@ class TokenFlops:
     """FLOPs per token of one training step, whole model (divide by tp x pp x cp per rank)."""
 
     model: float
-    """Model FLOPs (PaLM convention), for MFU."""
+    """Model FLOPs (PaLM convention, causal attention at half the scores), for MFU."""
+    model_noncausal: float
+    """Model FLOPs over the full s x s score matrix (torchtitan's MFU convention)."""
     executed: float
-    """FLOPs the GPUs execute (recomputation, causal skipping), for time."""
+    """FLOPs the GPUs execute (recomputation; eager attention's masked half), for HFU."""
+    attention_executed: float
+    """Part of ``executed`` in the attention core (QK^T, AV, forward + backward + recompute)."""
     matmul_forward: float
     """Forward matmul FLOPs (layers + logits)."""
     attention_forward: float
@@ -75,8 +89,9 @@ def attention_core_flops(layer: Layer, seq_len: int) -> float:
     return per * (2 if layer.kind == "decoder-cross" else 1)
 
 
-def _causal(layer: Layer) -> bool:
-    return layer.kind != "encoder"
+def _causal_share(layer: Layer) -> float:
+    """Share of the s x s scores a causal layer needs: 1/2 (encoders: all of them)."""
+    return 1.0 if layer.kind == "encoder" else 0.5
 
 
 def token_flops(model: ModelSpec, recipe: Recipe) -> TokenFlops:
@@ -86,27 +101,33 @@ def token_flops(model: ModelSpec, recipe: Recipe) -> TokenFlops:
     first_trainable = n - recipe.method.freeze_trainable_layers if freeze else 0
     base_trains = recipe.method.kind == "full"
     m_fwd = a_fwd = 0.0
-    model_f = executed = 0.0
+    model_f = model_nc = executed = a_executed = 0.0
     for i, layer in enumerate(model.layers):
         m = layer_matmul_flops(layer)
         a = attention_core_flops(layer, recipe.batch.seq_len)
-        a_exec = a * (0.5 if _causal(layer) and recipe.platform.attention != "eager" else 1.0)
+        a_model = a * _causal_share(layer)
+        a_run = a if recipe.platform.attention == "eager" else a_model
         m_fwd += m
         a_fwd += a
         if i < first_trainable:          # frozen bottom layers: no backward at all
-            model_f += m + a
-            executed += m + a_exec
+            model_f += m + a_model
+            model_nc += m + a
+            executed += m + a_run
+            a_executed += a_run
             continue
         w_grad = 1.0 if (base_trains or recipe.method.kind == "freeze") else 0.0
-        model_f += m * (2 + w_grad) + 3 * a
-        executed += m * (2 + w_grad) + 3 * a_exec
+        model_f += m * (2 + w_grad) + 3 * a_model
+        model_nc += m * (2 + w_grad) + 3 * a
+        passes = 3 + (1 if recipe.checkpointing.kind in ("full", "selective") else 0)
+        executed += m * (2 + w_grad) + passes * a_run
+        a_executed += passes * a_run
         if recipe.checkpointing.kind == "full":
-            executed += m + a_exec
-        elif recipe.checkpointing.kind == "selective":
-            executed += a_exec
+            executed += m
     head = 2.0 * model.hidden_size * model.vocab_size
     head_w = 1.0 if base_trains else 0.0  # freeze and LoRA leave the head frozen
     model_f += head * (2 + head_w)
+    model_nc += head * (2 + head_w)
     executed += head * (2 + head_w)
-    return TokenFlops(model=model_f, executed=executed, matmul_forward=m_fwd + head,
+    return TokenFlops(model=model_f, model_noncausal=model_nc, executed=executed,
+                      attention_executed=a_executed, matmul_forward=m_fwd + head,
                       attention_forward=a_fwd)

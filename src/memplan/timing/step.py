@@ -3,7 +3,8 @@
 Per rank and step (tokens per replica = micro_batch x seq_len x grad_accum, work split over
 tp x pp x cp):
 
-- **compute** = executed FLOPs / (dense peak of the compute dtype x matmul efficiency 0.81);
+- **compute** = per-GEMM rooflines of the linear layers and the attention kernels at their
+  published efficiency (``kernels.py``; fp8 only on linear layers);
 - **hbm** = bytes of memory-bound kernels (norms, residuals, rotary, activations, eager
   attention scores, cross-entropy, the GPU optimizer step) / (HBM spec x 0.83);
 - **nvlink / network** = collectives (``comms.py``) over the link each group crosses;
@@ -31,6 +32,7 @@ peak, which real FP8 training does not reach (casts and scaling).
 
 from __future__ import annotations
 
+from ..errors import ConfigError
 from ..facts import dtypes
 from ..hardware import Device
 from ..facts.constants import constant
@@ -39,9 +41,12 @@ from ..recipe.host import HostSetup
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
 from ..units import dtype_bytes
+from .calibration import Calibration
 from .comms import Link, allreduce_s, gather_s, group_link
 from .flops import token_flops
 from ..results import ResourceTime, TimeEstimate
+from ..results.time import validation_band
+from .kernels import attention_efficiency, kernel_seconds
 
 __all__ = ["estimate_time", "pcie_gb_per_s", "peak_tflops"]
 
@@ -88,14 +93,23 @@ def _hbm_bytes_per_token(model: ModelSpec, recipe: Recipe, tp: int) -> float:
 
 
 def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
-                  setup: HostSetup, trainable: int) -> TimeEstimate | None:
+                  setup: HostSetup, trainable: int,
+                  calibration: Calibration | None = None) -> TimeEstimate | None:
     """Step time of ``recipe`` on ``device`` GPUs in ``hw`` nodes; None when the catalog has
-    no dense peak for the compute dtype (the reason is the caller's to report)."""
+    no dense peak for the compute dtype (the reason is the caller's to report). Rates measured
+    by ``memplan calibrate`` (``calibration``) replace the sourced defaults they cover."""
     peak_t, key = peak_tflops(device, recipe)
     if not peak_t or recipe.platform.device == "cpu":
         return None
+    cal = calibration
+    if cal is not None and cal.gpu != device.name:
+        raise ConfigError([f"--calibration was measured for {cal.gpu}, the estimate is for "
+                           f"{device.name}: rerun `memplan calibrate --gpu {device.name}` on "
+                           "that GPU, or drop --calibration."])
     peak = peak_t * 1e12
-    eff = setup.matmul_efficiency or constant("matmul_efficiency")
+    cal_peak = (device.tflops or {}).get(cal.dtype) if cal else None
+    cal_eff = cal.efficiency(cal.gemm_tflops, cal_peak) if cal else None
+    eff = cal_eff or setup.matmul_efficiency or constant("matmul_efficiency")
     par = recipe.parallelism
     tp, pp, cp, ep = par.tp, par.pp, par.cp, par.ep
     local = par.local_gpus
@@ -105,9 +119,21 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     split = tp * pp * cp
     fl = token_flops(model, recipe)
     notes: list[str] = []
-    t_compute = fl.executed * tokens_replica / split / (peak * eff)
     hbm = (device.hbm_gb_per_s or 0) * 1e9 * constant("hbm_efficiency")
+    if cal is not None and cal.hbm_gb_per_s:
+        hbm = cal.hbm_gb_per_s * 1e9
     dt = dtypes(recipe)
+    att_cal = None
+    if cal is not None and cal.attention_fwd_tflops and cal.attention_bwd_tflops:
+        att_cal = (cal.efficiency(cal.attention_fwd_tflops, cal_peak) or 1.0,
+                   cal.efficiency(cal.attention_bwd_tflops, cal_peak) or 1.0)
+    att_peak_t = (device.tflops or {}).get(dt.compute) or peak_t
+    kt = kernel_seconds(model, recipe, device, linear_peak=peak, attention_peak=att_peak_t * 1e12,
+                        matmul_efficiency=eff, hbm_bytes_per_s=hbm,
+                        bytes_per_element=1.0 if key == "fp8" else dtype_bytes(dt.compute),
+                        attention_override=att_cal)
+    notes.extend(kt.notes)
+    t_compute = (kt.linear_s + kt.attention_s) * m
     elems_rank = trainable / (tp * pp)
     part = elems_rank / (par.shard_degree if par.zero >= 1 else 1)
     opt_bytes = (0.0 if recipe.offload.kind != "none"
@@ -120,8 +146,12 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
 
     nv = hw.nvlink_gb_per_s
     h2d, d2h = pcie_gb_per_s(hw.pcie_gen, setup.pinned)
+    if cal is not None and cal.h2d_gb_per_s and cal.d2h_gb_per_s:
+        h2d, d2h = cal.h2d_gb_per_s, cal.d2h_gb_per_s
     intra = (Link("nvlink", nv / 2 * constant("nvlink_efficiency")) if nv
              else Link("pcie", h2d))
+    if cal is not None and cal.allreduce_bus_gb_per_s and cal.world_size <= local:
+        intra = Link(intra.name, cal.allreduce_bus_gb_per_s)
     inter = Link("network", hw.network_gb_per_s * constant("network_efficiency")
                  if hw.network_gb_per_s else None)
     act = tokens_seq / cp * model.hidden_size * dtype_bytes(dt.compute)
@@ -222,9 +252,16 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     busy_s["nvme"] += nvme_opt
     exposed["pcie"] += pcie_serial
     busy_s["pcie"] += pcie_serial
+    att_f, att_b, _ = attention_efficiency(device, recipe.platform.attention, eff)
+    if att_cal is not None:
+        att_f, att_b = att_cal
+    if cal is not None:
+        notes.append(f"calibrated on {cal.torch_device} ({cal.model} shapes, torch "
+                     f"{cal.torch_version}): GEMMs {cal.gemm_tflops:g} TFLOP/s")
     details = {
-        "compute": f"{fl.executed:.3g} executed FLOPs/token at {eff:.0%} of {peak_t:g} TFLOP/s "
-                   f"({key})",
+        "compute": f"GEMMs {kt.linear_s * m:.3g} s (rooflines at {eff:.0%} of {peak_t:g} "
+                   f"TFLOP/s {key}), attention {kt.attention_s * m:.3g} s (fwd/bwd at "
+                   f"{att_f:.0%}/{att_b:.0%} of {att_peak_t:g} TFLOP/s)",
         "hbm": "norms, residuals, activations, cross-entropy, GPU optimizer step at "
                f"{constant('hbm_efficiency'):.0%} of {device.hbm_gb_per_s} GB/s",
         "nvlink": "intra-node collectives (TP/EP/PP on the critical path; DP/ZeRO/CP overlapped)",
@@ -245,7 +282,9 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
         notes.append("not timed (unknown): " + ", ".join(sorted(set(unknown)))
                      + "; give --node or --pcie")
     assumptions = (
-        f"matmuls at {eff:.0%} of the dense {key} peak (H100 GEMM measurement, rates.toml)",
+        f"GEMMs: roofline of each linear layer's shape, at most {eff:.0%} of the dense {key} "
+        "peak (H100 GEMM measurement, rates.toml); attention at the FlashAttention papers' "
+        "fraction of the 16-bit peak (fp8 only on linear layers)",
         "compute and memory-bound kernels serial; TP/EP/PP comm on the critical path; "
         "DP/ZeRO/CP comm, parameter fetches and data loading overlapped with forward/backward",
         "CPU optimizer step and ZeRO-Offload parameter upload serial after backward",
@@ -255,5 +294,7 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
         step_seconds=step, tokens_per_step=tokens_replica * replicas, gpus=recipe.parallelism.gpus,
         model_flops_per_step=fl.model * tokens_replica * replicas,
         executed_flops_per_step=fl.executed * tokens_replica * replicas,
+        model_flops_noncausal_per_step=fl.model_noncausal * tokens_replica * replicas,
+        error_min=validation_band()[0], error_max=validation_band()[1],
         peak_flops_per_gpu=peak, gpu_busy_seconds=busy, resources=resources,
         assumptions=assumptions, notes=tuple(notes))

@@ -1,0 +1,134 @@
+"""Kernel time of the forward/backward on one rank: per-GEMM rooflines and attention kernels.
+
+Legend: T = tokens per rank per micro-batch (micro_batch x seq_len / cp), ``(o, i)`` a linear
+weight's shape per rank (o or i divided by tp), E routed experts, k = top_k.
+
+- **GEMMs** (``gemm_seconds``): each linear weight is one GEMM of ``T x i`` by ``i x o``; a
+  routed expert's GEMM sees ``T k / E`` tokens (balanced routing), so MoE runs E small GEMMs
+  instead of one large one. Time is the roofline (Williams, Waterman & Patterson 2009, CACM
+  52(4)): ``max(2 T i o / (peak x matmul_efficiency), bytes / (HBM x hbm_efficiency))`` with
+  bytes = both inputs + the output. Small or skinny GEMMs become bandwidth-bound below the peak.
+  Backward runs two GEMMs of the same size (activation gradient, and weight gradient where the
+  weight trains). Under ``fp8-mixed`` only these linear GEMMs run at the FP8 peak (Transformer
+  Engine casts the inputs of ``Linear`` layers; attention stays in 16 bits).
+- **Attention core** (``attention_seconds``): QK^T and AV FLOPs actually executed
+  (``flops.attention_core_flops`` x causal share) at the kernel's published fraction of the
+  16-bit peak, forward and backward separately (``rates.toml``: FlashAttention-2/3 papers).
+  ``eager`` runs batched GEMMs at ``matmul_efficiency`` (its score traffic is HBM time in
+  ``step.py``).
+
+**Known limitations**: no wave quantisation or tile-size effects (a GEMM a little larger than a
+wave of tiles is charged linearly); attention efficiency does not depend on sequence length or
+head dim (the papers' figures are for head dim 128, long sequences); GPUs without a published
+attention benchmark (Blackwell, Ada, AMD) use ``matmul_efficiency`` for attention, noted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..hardware import Device
+from ..facts.constants import constants
+from ..model.spec import Component, Layer, ModelSpec
+from ..recipe import Recipe
+from .flops import _causal_share, attention_core_flops
+
+__all__ = ["KernelTime", "attention_efficiency", "gemm_seconds", "kernel_seconds"]
+
+_NOT_MATMUL = (Component.NORM, Component.EMBEDDING)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KernelTime:
+    """Seconds of one micro-batch's forward + backward (+ recompute) on one rank."""
+
+    linear_s: float
+    """GEMMs of the linear layers and the output head."""
+    attention_s: float
+    """Attention core (QK^T, softmax, AV) kernels."""
+    notes: tuple[str, ...] = ()
+    """Fallbacks taken (no published kernel figure for this GPU)."""
+
+
+def gemm_seconds(m: float, k: float, n: float, *, peak_flops: float, matmul_efficiency: float,
+                 hbm_bytes_per_s: float, bytes_per_element: float) -> float:
+    """Roofline time of an ``(m x k) @ (k x n)`` GEMM: the larger of its FLOPs at
+    ``peak x efficiency`` and its operand + output bytes at the usable HBM bandwidth."""
+    flops_s = 2.0 * m * k * n / (peak_flops * matmul_efficiency)
+    if not hbm_bytes_per_s:
+        return flops_s
+    bytes_s = (m * k + k * n + m * n) * bytes_per_element / hbm_bytes_per_s
+    return max(flops_s, bytes_s)
+
+
+def attention_efficiency(device: Device, attention: str, matmul_efficiency: float
+                         ) -> tuple[float, float, str | None]:
+    """(forward, backward) fraction of the 16-bit peak the attention kernel reaches on
+    ``device``, and a note when no published figure exists for its architecture."""
+    if attention == "eager":
+        return matmul_efficiency, matmul_efficiency, None
+    rows = constants()
+    key = f"attention_efficiency_{device.arch}_fa2"
+    if f"{key}_fwd" in rows:
+        return rows[f"{key}_fwd"].value, rows[f"{key}_bwd"].value, None
+    return (matmul_efficiency, matmul_efficiency,
+            f"no published FlashAttention benchmark for {device.arch} GPUs: attention timed at "
+            f"the GEMM efficiency {matmul_efficiency:.0%} (optimistic)")
+
+
+def _layer_gemm_s(layer: Layer, tokens: float, tp: int, ep: int, gemm) -> float:
+    """Forward seconds of a layer's linear GEMMs on one rank. Routed experts: the rank holds
+    E / ep of them, each fed ``tokens x ep x k / E`` tokens (balanced all-to-all routing)."""
+    ffn = layer.ffn
+    total = 0.0
+    for t in layer.tensors:
+        if len(t.shape) != 2 or t.is_bias or t.component in _NOT_MATMUL:
+            continue
+        o, i = t.shape
+        if t.experts > 1 and ffn is not None and ffn.num_experts:
+            m = max(1.0, tokens * ep * ffn.top_k / t.experts)
+            total += t.experts / ep * gemm(m, i, o / tp)
+        else:
+            total += gemm(tokens, i, o / tp)
+    return total
+
+
+def kernel_seconds(model: ModelSpec, recipe: Recipe, device: Device, *, linear_peak: float,
+                   attention_peak: float, matmul_efficiency: float, hbm_bytes_per_s: float,
+                   bytes_per_element: float,
+                   attention_override: tuple[float, float] | None = None) -> KernelTime:
+    """GEMM and attention time of one micro-batch (forward, backward, recompute) on one rank
+    holding ``1/pp`` of the layers (module docstring). ``attention_override`` = measured
+    (forward, backward) fractions of ``attention_peak`` (``memplan calibrate``)."""
+    tp, cp, pp = recipe.parallelism.tp, recipe.parallelism.cp, recipe.parallelism.pp
+    tokens = recipe.batch.micro_batch * recipe.batch.seq_len / cp
+
+    def gemm(m: float, k: float, n: float) -> float:
+        return gemm_seconds(m, k, n, peak_flops=linear_peak, matmul_efficiency=matmul_efficiency,
+                            hbm_bytes_per_s=hbm_bytes_per_s, bytes_per_element=bytes_per_element)
+
+    eff_f, eff_b, note = attention_efficiency(device, recipe.platform.attention, matmul_efficiency)
+    if attention_override is not None:
+        (eff_f, eff_b), note = attention_override, None
+    n = model.num_layers
+    first_trainable = n - recipe.method.freeze_trainable_layers if recipe.method.kind == "freeze" else 0
+    w_grad = 1.0 if recipe.method.kind in ("full", "freeze") else 0.0
+    lin = att = 0.0
+    for i, layer in enumerate(model.layers):
+        g = _layer_gemm_s(layer, tokens, tp, recipe.parallelism.ep, gemm)
+        a = attention_core_flops(layer, recipe.batch.seq_len) * tokens / tp
+        if recipe.platform.attention != "eager":
+            a *= _causal_share(layer)
+        a_f, a_b = a / (attention_peak * eff_f), 2 * a / (attention_peak * eff_b)
+        if i < first_trainable:
+            lin += g
+            att += a_f
+            continue
+        lin += g * (2 + w_grad) + (g if recipe.checkpointing.kind == "full" else 0.0)
+        att += a_f + a_b + (a_f if recipe.checkpointing.kind in ("full", "selective") else 0.0)
+    lin /= pp
+    att /= pp
+    head = gemm(tokens, model.hidden_size, model.vocab_size / tp)
+    # the head runs on the last stage; like the layers, its time is spread over pp stages
+    lin += head * (3 if recipe.method.kind == "full" else 2) / pp
+    return KernelTime(linear_s=lin, attention_s=att, notes=(note,) if note else ())
