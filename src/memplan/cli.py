@@ -415,5 +415,32 @@ def validate(
         raise typer.Exit(1)
 
 
+@app.command()
+def report(
+    result: Annotated[Path, typer.Argument(help="A memplan JSON: estimate/trace --format json, "
+                                                 "or memplan-measure.json.")],
+    html: Annotated[Path, Opt("--html", help="Write a one-file HTML report here (opens "
+                                            "offline, from file://).")],
+    against: Annotated[Path | None, Opt(help="Another memplan JSON (e.g. a measurement): add "
+                                             "the error per category.")] = None,
+) -> None:
+    """Write a one-file HTML report (charts, tables, host/NVMe/time) of a saved result."""
+    from .report.html import write_report
+
+    typer.echo(f"wrote {_guard(lambda: write_report(result, html, against=against))}")
+
+
+@app.command()
+def serve(
+    host: Annotated[str, Opt(help="Address to bind (loopback unless you say otherwise).")
+                    ] = "127.0.0.1",
+    port: Annotated[int, Opt(help="TCP port (0: any free one).")] = 8765,
+) -> None:
+    """A local page to plan a run: every recipe control, live updates, charts, comparisons."""
+    from .web import serve as run_server
+
+    _guard(lambda: run_server(host=host, port=port))
+
+
 def main() -> None:
     app()
