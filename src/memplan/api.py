@@ -12,7 +12,7 @@ from .hardware import cpu_device, get_device
 from .hardware.nodes import get_node
 from .host import HostSetup, node_hardware, parse_size
 from .system import with_host_and_time
-from .model import catalog, load_model
+from .model import ModelSpec, catalog, load_model
 from .recipe import Recipe
 
 __all__ = ["estimate_from_names", "trace_from_names", "load_recipe", "load_host_setup",
@@ -36,7 +36,7 @@ def load_host_setup(recipe_file: str | Path | None = None,
     return HostSetup.from_dict({**base, **(overrides or {})})
 
 
-def estimate_from_names(model: str, gpu: str | None, *, recipe_file: str | Path | None = None,
+def estimate_from_names(model: str | ModelSpec, gpu: str | None, *, recipe_file: str | Path | None = None,
                         overrides: dict[str, Any] | None = None,
                         host_memory_bytes: int = 0, node: str | None = None,
                         host_ram: str | int | None = None, nvme: str | int | None = None,
@@ -44,20 +44,25 @@ def estimate_from_names(model: str, gpu: str | None, *, recipe_file: str | Path 
                         host_overrides: dict[str, Any] | None = None) -> Breakdown:
     """Resolve names, validate everything, estimate GPU memory, host RAM, NVMe and step time.
     ``gpu`` None means the node's GPU (or H100-80GB without a node). Raises ``MemplanError``
-    on bad input."""
+    on bad input. ``model`` may also be a ``ModelSpec`` already built (the web page's pasted
+    config.json)."""
     preset = get_node(node) if node else None
     recipe = load_recipe(recipe_file, overrides)
     if preset is not None and recipe.gpus_per_node == 0:
         recipe = replace(recipe, gpus_per_node=min(recipe.gpus, preset.gpus))
     setup = load_host_setup(recipe_file, host_overrides)
     if recipe.device == "cpu":
-        return estimate(load_model(model), recipe, cpu_device(host_memory_bytes))
+        return estimate(_spec(model), recipe, cpu_device(host_memory_bytes))
     device = get_device(gpu or (preset.gpu if preset else "H100-80GB"))
     hw = node_hardware(device, recipe.local_gpus, preset,
                        host_ram_bytes=parse_size(host_ram, "--host-ram") if host_ram else None,
                        nvme_bytes=parse_size(nvme, "--nvme") if nvme else None, pcie_gen=pcie)
-    spec = load_model(model)
+    spec = _spec(model)
     return with_host_and_time(estimate(spec, recipe, device), spec, recipe, device, hw, setup)
+
+
+def _spec(model: str | ModelSpec) -> ModelSpec:
+    return model if isinstance(model, ModelSpec) else load_model(model)
 
 
 def trace_from_names(model: str, gpu: str, *, recipe_file: str | Path | None = None,

@@ -439,6 +439,7 @@ def serve(
     """A local page to plan a run: every recipe control, live updates, charts, comparisons."""
     from .web import serve as run_server
 
+    typer.echo(f"memplan: http://{host}:{port}/ (Ctrl+C stops it)")
     _guard(lambda: run_server(host=host, port=port))
 
 
