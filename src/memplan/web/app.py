@@ -28,7 +28,7 @@ from ..report.html import environment, render_report, result_view
 from ..report.svg import category_bars
 from .compute import Outcome, choices, evaluate, evaluate_all
 from .fields import recipe_fields
-from .state import MAX_CONFIG_BYTES, MAX_PINS, PageState, parse_state
+from .state import MAX_CONFIG_BYTES, MAX_PINS, PageState, Multi, parse_state
 
 __all__ = ["create_app", "MAX_BODY_BYTES", "MAX_QUERY_CHARS"]
 
@@ -101,29 +101,36 @@ async def _params(request: Request) -> tuple[Any, str]:
                            f"accepts up to {MAX_BODY_BYTES // 1024} KiB (a config.json up to "
                            f"{MAX_CONFIG_BYTES // 1024} KiB)."])
     try:
-        form = await request.form(max_files=1, max_fields=200, max_part_size=MAX_BODY_BYTES)
+        async with request.form(max_files=1, max_fields=200,
+                                max_part_size=MAX_BODY_BYTES) as form:
+            fields = {k: [v for v in form.getlist(k) if isinstance(v, str)] for k in form}
+            upload = form.get("config_file")
+            raw = b""
+            if upload is not None and not isinstance(upload, str) and upload.filename:
+                raw = await upload.read(MAX_CONFIG_BYTES + 1)
+                name = upload.filename
+    except ConfigError:
+        raise
     except Exception as e:  # noqa: BLE001 - multipart errors are bad input
         raise ConfigError([f"the form could not be read: {e}."]) from None
-    text = str(form.get("config_json") or "")
-    upload = form.get("config_file")
-    if upload is not None and not isinstance(upload, str) and upload.filename:
-        raw = await upload.read(MAX_CONFIG_BYTES + 1)
+    text = (fields.get("config_json") or [""])[-1]
+    if raw:
         if len(raw) > MAX_CONFIG_BYTES:
-            raise ConfigError([f"{upload.filename} is over {MAX_CONFIG_BYTES // 1024} KiB; the "
-                               "page accepts config.json files up to that size."])
+            raise ConfigError([f"{name} is over {MAX_CONFIG_BYTES // 1024} KiB; the page "
+                               f"accepts up to {MAX_CONFIG_BYTES // 1024} KiB."])
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise ConfigError([f"{upload.filename} is not UTF-8 text; expected a "
-                               "config.json."]) from None
-    return form, text
+            raise ConfigError([f"{name} is not UTF-8 text; expected a config.json."]) from None
+    return Multi(fields), text
 
 
 def _apply_actions(params: Any, state: PageState) -> PageState:
     """The pin/unpin buttons: add the current recipe to the comparison, or drop one."""
     from dataclasses import replace
 
-    action = params.get("action") if hasattr(params, "get") else None
+    actions = params.getlist("action")
+    action = actions[-1] if actions else None
     if action == "pin":
         q = state.query(with_pins=False)
         if q not in state.pins and len(state.pins) < MAX_PINS:

@@ -32,7 +32,7 @@ _PLACES = ("model", "gpu", "node", "host_ram", "nvme")
 
 
 class Params(Protocol):
-    """A multi-dict of strings (Starlette's ``QueryParams``/``FormData``, or ``_Multi``)."""
+    """A multi-dict of strings (Starlette's ``QueryParams``, or ``Multi``)."""
 
     def getlist(self, key: str) -> list[Any]: ...
 
@@ -90,7 +90,7 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-class _Multi:
+class Multi:
     """A minimal multi-dict over ``parse_qs`` output (for pinned query strings)."""
 
     def __init__(self, data: Mapping[str, list[str]]):
@@ -180,7 +180,7 @@ def parse_state(params: Params, *, config_json: str = "", nested: bool = False) 
 
 def parse_pin(query: str) -> PageState:
     """A pinned recipe's state from its query string."""
-    return parse_state(_Multi(parse_qs(query, keep_blank_values=True)), nested=True)
+    return parse_state(Multi(parse_qs(query, keep_blank_values=True)), nested=True)
 
 
 def config_from_text(text: str) -> dict[str, Any]:
