@@ -90,6 +90,13 @@ def test_controls_update_numbers_and_url(page, base_url):
     page.goto(page.url)
     assert _peak(page) == shown
     assert page.input_value('input[name="micro_batch"]') == "6"
+    # the largest micro-batch arrives in its own request
+    page.wait_for_selector('#results > .result b[data-k="max_micro_batch"]:not([data-pending])')
+    from memplan.api import estimate_from_names
+
+    want = estimate_from_names("meta-llama/Llama-3.2-1B", None, overrides={
+        "micro_batch": 6, "checkpointing": "full"}).max_micro_batch
+    assert page.locator('#results > .result b[data-k="max_micro_batch"]').inner_text() == str(want)
 
 
 def test_compare_two_recipes(page, base_url):

@@ -41,24 +41,28 @@ def estimate_from_names(model: str | ModelSpec, gpu: str | None, *, recipe_file:
                         host_memory_bytes: int = 0, node: str | None = None,
                         host_ram: str | int | None = None, nvme: str | int | None = None,
                         pcie: int | None = None,
-                        host_overrides: dict[str, Any] | None = None) -> Breakdown:
+                        host_overrides: dict[str, Any] | None = None,
+                        search_micro_batch: bool = True) -> Breakdown:
     """Resolve names, validate everything, estimate GPU memory, host RAM, NVMe and step time.
     ``gpu`` None means the node's GPU (or H100-80GB without a node). Raises ``MemplanError``
     on bad input. ``model`` may also be a ``ModelSpec`` already built (the web page's pasted
-    config.json)."""
+    config.json); ``search_micro_batch=False`` skips the largest-micro-batch search (several
+    more estimates), leaving ``max_micro_batch`` None."""
     preset = get_node(node) if node else None
     recipe = load_recipe(recipe_file, overrides)
     if preset is not None and recipe.gpus_per_node == 0:
         recipe = replace(recipe, gpus_per_node=min(recipe.gpus, preset.gpus))
     setup = load_host_setup(recipe_file, host_overrides)
     if recipe.device == "cpu":
-        return estimate(_spec(model), recipe, cpu_device(host_memory_bytes))
+        return estimate(_spec(model), recipe, cpu_device(host_memory_bytes),
+                        search_micro_batch=search_micro_batch)
     device = get_device(gpu or (preset.gpu if preset else "H100-80GB"))
     hw = node_hardware(device, recipe.local_gpus, preset,
                        host_ram_bytes=parse_size(host_ram, "--host-ram") if host_ram else None,
                        nvme_bytes=parse_size(nvme, "--nvme") if nvme else None, pcie_gen=pcie)
     spec = _spec(model)
-    return with_host_and_time(estimate(spec, recipe, device), spec, recipe, device, hw, setup)
+    return with_host_and_time(estimate(spec, recipe, device,
+                                       search_micro_batch=search_micro_batch), spec, recipe, device, hw, setup)
 
 
 def _spec(model: str | ModelSpec) -> ModelSpec:

@@ -4,6 +4,8 @@ one-file report and a JSON endpoint, all thin adapters over ``memplan.api``.
 - ``GET /``: the page for the state in the URL (works without JavaScript too);
 - ``GET|POST /result``: the results fragment htmx swaps in as a control changes; the
   ``HX-Replace-Url`` header keeps the recipe in the address bar;
+- ``GET /max-micro-batch``: the largest micro-batch that fits, fetched by the page after
+  the rest of the result (the search costs several estimates);
 - ``GET /report``: the current recipe as the one-file HTML report;
 - ``GET /api/estimate``: the estimate's JSON (``memplan estimate --format json``).
 
@@ -14,11 +16,13 @@ uploads, query strings and numbers have limits. Nothing is fetched and no model 
 from __future__ import annotations
 
 import logging
+import time
 from importlib import resources
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -211,6 +215,19 @@ async def api_estimate(request: Request) -> Response:
     return JSONResponse(outcome.result)
 
 
+async def max_micro_batch(request: Request) -> Response:
+    """The largest micro-batch that fits, as the KPI element the page swaps in."""
+    try:
+        state = await _state(request)
+    except MemplanError as e:
+        return _error_page(str(e), 422, fragment=True)
+    outcome = await run_in_threadpool(evaluate, state)
+    mmb = outcome.result["gpu"]["max_micro_batch"] if outcome.result else None
+    text = "?" if mmb is None else str(mmb) if mmb else "none fits"
+    return HTMLResponse(f'<b data-k="max_micro_batch">{text}</b>',
+                        status_code=200 if outcome.result else 422, headers=_headers())
+
+
 async def htmx_js(request: Request) -> Response:
     js = resources.files("memplan.web").joinpath("static/htmx.min.js").read_bytes()
     return Response(js, media_type="text/javascript",
@@ -224,10 +241,35 @@ async def _server_error(request: Request, exc: Exception) -> Response:
                         status_code=500, headers=_headers())
 
 
+class _ServerTiming:
+    """ASGI middleware: ``Server-Timing: app;dur=<ms>`` on every response (the time from the
+    request to the response headers: parsing, estimate and rendering; what the load check and
+    the benchmark report)."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+
+        async def timed(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                ms = (time.perf_counter() - t0) * 1000
+                message = {**message, "headers": [*message.get("headers", []), (
+                    b"server-timing", f"app;dur={ms:.2f}".encode())]}
+            await send(message)
+
+        await self.app(scope, receive, timed)
+
+
 def create_app() -> Starlette:
     """The ASGI application (Starlette)."""
-    return Starlette(routes=[
+    return Starlette(middleware=[Middleware(_ServerTiming)], routes=[
         Route("/", page), Route("/result", result, methods=["GET", "POST"]),
         Route("/report", report), Route("/api/estimate", api_estimate),
+        Route("/max-micro-batch", max_micro_batch),
         Route("/static/htmx.min.js", htmx_js)],
         exception_handlers={Exception: _server_error})

@@ -61,14 +61,14 @@ def _model(state: PageState) -> Any:
     return entry.id
 
 
-def _estimate(state: PageState) -> dict[str, Any]:
+def _estimate(state: PageState, search: bool) -> dict[str, Any]:
     from ..api import estimate_from_names
 
     model = _model(state)
     try:
         b = estimate_from_names(model, state.gpu, overrides=state.overrides,
                                 node=state.node or None, host_ram=state.host_ram or None,
-                                nvme=state.nvme or None)
+                                nvme=state.nvme or None, search_micro_batch=search)
     except MemplanError:
         raise
     except (ArithmeticError, ValueError, KeyError, TypeError) as e:
@@ -79,16 +79,20 @@ def _estimate(state: PageState) -> dict[str, Any]:
     return b.to_dict()
 
 
-def evaluate(state: PageState) -> Outcome:
-    """The estimate of ``state`` (cached by its query and config), or its error message."""
+def evaluate(state: PageState, *, search: bool = True) -> Outcome:
+    """The estimate of ``state`` (cached by its query and config), or its error message.
+
+    ``search=False`` skips the largest-micro-batch search (about 85% of a 70B estimate's
+    time): the live update shows everything else at once and fetches that number in a second
+    request (``max_micro_batch``)."""
     key = (state.query(with_pins=False), state.config_json)
     with _lock:
         hit = _cache.get(key)
-        if hit is not None:
+        if hit is not None and (not search or hit["gpu"]["max_micro_batch"] is not None):
             _cache.move_to_end(key)
             return Outcome(state=state, result=hit)
     try:
-        result = _estimate(state)
+        result = _estimate(state, search)
     except MemplanError as e:
         return Outcome(state=state, error=str(e))
     with _lock:
@@ -101,7 +105,7 @@ def evaluate(state: PageState) -> Outcome:
 def evaluate_all(state: PageState) -> list[Outcome]:
     """The current recipe, then each pinned one (a pin that no longer parses shows its
     error in its column)."""
-    out = [evaluate(state)]
+    out = [evaluate(state, search=bool(state.config_json))]
     for q in state.pins:
         try:
             pinned = parse_pin(q)
