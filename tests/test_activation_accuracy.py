@@ -37,7 +37,7 @@ def _spec(name: str, attn: str):
 
 
 def _estimate(name, batch, seq, precision, attn, ckpt, optimizer="adamw", method="full"):
-    recipe = Recipe(precision=PRECISION[precision], micro_batch=batch, seq_len=seq,
+    recipe = Recipe.of(precision=PRECISION[precision], micro_batch=batch, seq_len=seq,
                     attention=attn, checkpointing="full" if ckpt else "none", device="cpu",
                     optimizer=optimizer, method=method)
     return estimate(_spec(name, attn), recipe, cpu_device(24 << 30)).ranks[0]
@@ -120,7 +120,7 @@ def test_flash_keeps_no_score_matrix_like_sdpa(model):
     every family; eager keeps the scores and must cost more."""
     from memplan.hardware import get_device
 
-    peaks = {a: estimate(load_model(model), Recipe(micro_batch=4, seq_len=512, attention=a),
+    peaks = {a: estimate(load_model(model), Recipe.of(micro_batch=4, seq_len=512, attention=a),
                          get_device("A100-80GB"), search_micro_batch=False).worst
              .peak_allocated_bytes for a in ("eager", "sdpa", "flash")}
     assert peaks["flash"] == peaks["sdpa"] < peaks["eager"]
@@ -155,7 +155,7 @@ def test_chunked_cross_entropy_against_a_real_run(precision):
     measured = measure_step(model, {"input_ids": ids, "labels": ids.clone()}, opt,
                             autocast_dtype=torch.bfloat16 if precision != "fp32" else None,
                             loss_fn=_chunked_ce, steps=2)
-    recipe = Recipe(precision=PRECISION[precision], micro_batch=4, seq_len=128, device="cpu",
+    recipe = Recipe.of(precision=PRECISION[precision], micro_batch=4, seq_len=128, device="cpu",
                     loss="chunked")
     rank = estimate(_spec("llama", "sdpa"), recipe, cpu_device(24 << 30)).ranks[0]
     assert _err(rank.steady_peak_allocated_bytes, measured[1].peak_bytes) <= 5.0, (

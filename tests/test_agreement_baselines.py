@@ -34,7 +34,7 @@ def _host_bytes(b) -> int:
 
 
 def _run(model, device, zero: int, offload: str = "none", gpus: int = 8, **kw):
-    recipe = Recipe(precision="bf16-mixed", optimizer="adamw", zero=zero, offload=offload,
+    recipe = Recipe.of(precision="bf16-mixed", optimizer="adamw", zero=zero, offload=offload,
                     gpus=gpus, **kw)
     return estimate(model, recipe, device)
 
@@ -124,7 +124,7 @@ def test_tp_pp_split_llama70b(h100):
     from memplan import load_model
 
     m = load_model("meta-llama/Llama-3.1-70B")
-    b = estimate(m, Recipe(precision="bf16-true", optimizer="sgd", tp=8, pp=4, gpus=32), h100)
+    b = estimate(m, Recipe.of(precision="bf16-true", optimizer="sgd", tp=8, pp=4, gpus=32), h100)
     params = [sum(i.bytes for i in r.items if i.category is Category.PARAMS) for r in b.ranks]
     norms = sum(t.numel for t in m.tensors if t.component == "norm")
     assert sum(params) * 8 == pytest.approx(2 * m.num_params + 2 * norms * 7, rel=1e-6)

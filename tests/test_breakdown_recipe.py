@@ -12,13 +12,13 @@ from memplan.model.spec import LORA_TARGETS
 
 
 def test_breakdown_round_trips_through_json(llama8b, h100):
-    b = estimate(llama8b, Recipe(gpus=8, zero=3, pp=2, method="lora"), h100)
+    b = estimate(llama8b, Recipe.of(gpus=8, zero=3, pp=2, method="lora"), h100)
     again = Breakdown.from_dict(json.loads(json.dumps(b.to_dict())))
     assert again.to_dict() == b.to_dict()
 
 
 def test_peak_is_the_largest_moment_not_a_max_over_labels(llama8b, h100):
-    rank = estimate(llama8b, Recipe(), h100).ranks[0]
+    rank = estimate(llama8b, Recipe.of(), h100).ranks[0]
     assert rank.peak_allocated_bytes == max(m.allocated_bytes for m in rank.moments)
     assert rank.peak_allocated_bytes == max(rank.first_step_peak_allocated_bytes,
                                             rank.steady_peak_allocated_bytes)
@@ -30,14 +30,14 @@ def test_peak_is_the_largest_moment_not_a_max_over_labels(llama8b, h100):
 
 
 def test_grad_accum_keeps_gradients_through_forward(llama8b, h100):
-    without = estimate(llama8b, Recipe(), h100).ranks[0].phase_moment(Phase.FORWARD)
-    kept = estimate(llama8b, Recipe(grad_accum=4), h100).ranks[0].phase_moment(Phase.FORWARD)
+    without = estimate(llama8b, Recipe.of(), h100).ranks[0].phase_moment(Phase.FORWARD)
+    kept = estimate(llama8b, Recipe.of(grad_accum=4), h100).ranks[0].phase_moment(Phase.FORWARD)
     assert kept.categories()[Category.GRADIENTS] > 0 == without.categories()[Category.GRADIENTS]
 
 
 def test_all_linear_alias_and_comma_lists():
-    assert Recipe.from_dict({"lora_targets": "all-linear"}).lora_targets == LORA_TARGETS
-    assert Recipe.from_dict({"lora_targets": "q, v"}).lora_targets == ("q", "v")
+    assert Recipe.from_dict({"lora_targets": "all-linear"}).method.lora_targets == LORA_TARGETS
+    assert Recipe.from_dict({"lora_targets": "q, v"}).method.lora_targets == ("q", "v")
 
 
 @pytest.mark.parametrize("bad,fragment", [
@@ -65,8 +65,8 @@ def test_expert_parallel_divides_only_experts(h100):
     from memplan import load_model
 
     m = load_model("mistralai/Mixtral-8x7B-v0.1")
-    one = estimate(m, Recipe(precision="bf16-true", optimizer="sgd", gpus=8), h100)
-    ep8 = estimate(m, Recipe(precision="bf16-true", optimizer="sgd", gpus=8, ep=8), h100)
+    one = estimate(m, Recipe.of(precision="bf16-true", optimizer="sgd", gpus=8), h100)
+    ep8 = estimate(m, Recipe.of(precision="bf16-true", optimizer="sgd", gpus=8, ep=8), h100)
     experts = m.params_by_component()["experts"]
     p1 = one.ranks[0].categories_at_peak()["params"]
     p8 = ep8.ranks[0].categories_at_peak()["params"]

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from memplan import Breakdown, Recipe, estimate, get_device, load_model
-from memplan.api import estimate_from_names
+from memplan.api import Machine, estimate_from_names, load_job
 from memplan.cli import app
 from memplan.errors import ConfigError, UnknownName
 from memplan.host import HostSetup, parse_size
@@ -36,7 +36,8 @@ def test_pinned_power_of_two_rounding(n, rounded):
 
 def _plan(model: str, node: str | None = "DGX-H100", **kw):
     host_kw = kw.pop("host", {})
-    return estimate_from_names(model, None, overrides=kw, node=node, host_overrides=host_kw)
+    recipe, setup = load_job(None, kw, host_kw)
+    return estimate_from_names(model, recipe, Machine(node=node), setup)
 
 
 def test_zero3_full_offload_matches_deepspeed_formula():
@@ -75,8 +76,8 @@ def test_nvme_offload_counts_swap_files_and_buffers():
 def test_unknown_host_gives_no_verdict_and_custom_sizes_apply():
     b = _plan("meta-llama/Llama-3.1-8B", node=None, gpus=8)
     assert b.host.capacity_bytes is None and b.host.fits is None
-    b = estimate_from_names("meta-llama/Llama-3.1-8B", "H100-80GB", overrides={"gpus": 8},
-                            host_ram="512GiB", nvme="2TB", pcie=4)
+    b = estimate_from_names("meta-llama/Llama-3.1-8B", Recipe.of(gpus=8),
+                            Machine(gpu="H100-80GB", host_ram="512GiB", nvme="2TB", pcie=4))
     assert b.host.capacity_bytes == 512 * GIB and b.nvme.capacity_bytes == 2 * 10**12
 
 
@@ -86,9 +87,10 @@ def test_bad_host_input_is_reported_with_fixes():
     with pytest.raises(ConfigError, match="no unit|with a unit"):
         parse_size("2048", "--host-ram")
     with pytest.raises(ConfigError, match="has H100-80GB GPUs but the job uses A100-80GB"):
-        estimate_from_names("meta-llama/Llama-3.1-8B", "A100-80GB", node="DGX-H100")
+        estimate_from_names("meta-llama/Llama-3.1-8B", Recipe.of(),
+                            Machine(gpu="A100-80GB", node="DGX-H100"))
     with pytest.raises(UnknownName, match="DGX-H100"):
-        estimate_from_names("meta-llama/Llama-3.1-8B", None, node="DGX-H10")
+        estimate_from_names("meta-llama/Llama-3.1-8B", Recipe.of(), Machine(node="DGX-H10"))
     with pytest.raises(ConfigError, match="needs dataset_bytes"):
         HostSetup(dataset="in-ram")
 
@@ -98,7 +100,7 @@ def test_model_flops_equal_torchtitan_formula():
     matmul weights only (norms are not FLOPs), a 1e-4 difference on Llama-3.1-8B."""
     m = load_model("meta-llama/Llama-3.1-8B")
     seq = 8192
-    f = token_flops(m, Recipe(seq_len=seq))
+    f = token_flops(m, Recipe.of(seq_len=seq))
     emb = sum(t.numel for t in m.embedding)
     want = 6 * (m.num_params - emb) + 12 * 32 * 32 * 128 * seq
     assert f.model == pytest.approx(want, rel=1e-4)
@@ -108,11 +110,11 @@ def test_moe_active_flops_and_recompute():
     """Qwen3-30B-A3B activates 3.3 B parameters per token (model card); full recompute adds one
     forward of the layers, selective one of the attention core (causal: half the scores)."""
     m = load_model("Qwen/Qwen3-30B-A3B")
-    f = token_flops(m, Recipe(seq_len=4096))
+    f = token_flops(m, Recipe.of(seq_len=4096))
     active = f.matmul_forward / 2 + sum(t.numel for t in m.embedding)
     assert active == pytest.approx(3.3e9, rel=0.05)
-    full = token_flops(m, Recipe(seq_len=4096, checkpointing="full"))
-    sel = token_flops(m, Recipe(seq_len=4096, checkpointing="selective"))
+    full = token_flops(m, Recipe.of(seq_len=4096, checkpointing="full"))
+    sel = token_flops(m, Recipe.of(seq_len=4096, checkpointing="selective"))
     head = 2 * m.hidden_size * m.vocab_size
     assert full.executed - f.executed == pytest.approx(
         f.matmul_forward - head + f.attention_forward / 2)
@@ -154,5 +156,5 @@ def test_cli_bad_load_exits_2_without_traceback():
 
 
 def test_cpu_device_runs_have_no_host_plan():
-    b = estimate(load_model("Qwen/Qwen2.5-0.5B"), Recipe(device="cpu"), get_device("H100-80GB"))
+    b = estimate(load_model("Qwen/Qwen2.5-0.5B"), Recipe.of(device="cpu"), get_device("H100-80GB"))
     assert b.host is None and "host" not in b.to_dict()

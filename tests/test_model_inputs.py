@@ -120,6 +120,6 @@ def test_freeze_trains_only_the_last_layers():
     from memplan.estimate.layout import layout
 
     spec = load_model("meta-llama/Llama-3.2-1B")
-    held = layout(spec, Recipe(method="freeze", freeze_trainable_layers=2))[0].held
+    held = layout(spec, Recipe.of(method="freeze", freeze_trainable_layers=2))[0].held
     trained = sum(h.numel for h in held if h.trainable)
     assert trained == sum(t.numel for ly in spec.layers[-2:] for t in ly.tensors)

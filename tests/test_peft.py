@@ -32,7 +32,7 @@ def test_lora_trainable_params_match_peft(model_id, targets, rank, h100):
         r=rank, target_modules=[_PEFT_NAMES[t] for t in targets]))
     want = sum(p.numel() for p in lora.parameters() if p.requires_grad)
     b = estimate(load_model(model_id),
-                 Recipe(method="lora", lora_rank=rank, lora_targets=targets), h100)
+                 Recipe.of(method="lora", lora_rank=rank, lora_targets=targets), h100)
     assert b.model["trainable_params"] == want
 
 
@@ -45,7 +45,7 @@ def test_qlora_nf4_dq_bits_per_param():
 
 
 def test_qlora_base_is_quantized_but_head_and_embedding_are_not(llama8b, h100):
-    b = estimate(llama8b, Recipe(method="qlora", quant="nf4-dq", precision="bf16-true"), h100)
+    b = estimate(llama8b, Recipe.of(method="qlora", quant="nf4-dq", precision="bf16-true"), h100)
     items = {i.name: i.bytes for i in b.ranks[0].items}
     linear = sum(t.numel for t in llama8b.tensors if t.is_linear and t.component != "head")
     assert items["quantized base (nf4-dq)"] == pytest.approx(linear * 4.127 / 8, rel=1e-3)

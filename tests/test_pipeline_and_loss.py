@@ -31,7 +31,7 @@ def test_plain_1f1b_and_few_microbatches():
 
 def test_interleaving_costs_memory_and_saves_bubble():
     def run(v):
-        return estimate(LLAMA8B, Recipe(gpus=4, pp=4, pp_virtual=v, grad_accum=8, seq_len=4096),
+        return estimate(LLAMA8B, Recipe.of(gpus=4, pp=4, pp_virtual=v, grad_accum=8, seq_len=4096),
                         H100, search_micro_batch=False)
     plain, inter = run(1), run(2)
     assert inter.ranks[0].peak_allocated_bytes > plain.ranks[0].peak_allocated_bytes
@@ -41,16 +41,16 @@ def test_interleaving_costs_memory_and_saves_bubble():
 
 def test_interleaving_needs_pipeline_and_whole_chunks():
     with pytest.raises(ConfigError, match="pp > 1"):
-        Recipe(pp_virtual=2)
+        Recipe.of(pp_virtual=2)
     with pytest.raises(ConfigError, match="pp x pp_virtual"):
-        estimate(LLAMA8B, Recipe(gpus=4, pp=4, pp_virtual=3), H100)  # 32 layers, 12 chunks
+        estimate(LLAMA8B, Recipe.of(gpus=4, pp=4, pp_virtual=3), H100)  # 32 layers, 12 chunks
 
 
 def test_loss_options_order_and_fused_has_no_vocab_sized_tensor():
     """Llama-3.2-1B, 2 x 4096 tokens, vocab 128,256: one fp32 B x S x V tensor is 3.9 GiB.
     The fused loss keeps none, chunked keeps the fp32 log-probabilities, standard more."""
     spec = load_model("meta-llama/Llama-3.2-1B")
-    peak = {loss: estimate(spec, Recipe(micro_batch=2, seq_len=4096, loss=loss), H100,
+    peak = {loss: estimate(spec, Recipe.of(micro_batch=2, seq_len=4096, loss=loss), H100,
                            search_micro_batch=False).worst for loss in ("standard", "chunked",
                                                                           "fused")}
     assert (peak["fused"].peak_allocated_bytes < peak["chunked"].peak_allocated_bytes
@@ -59,7 +59,7 @@ def test_loss_options_order_and_fused_has_no_vocab_sized_tensor():
     assert (peak["standard"].peak_allocated_bytes - peak["fused"].peak_allocated_bytes
             > 2 * vocab_tensor)
     with pytest.raises(ConfigError, match="loss"):
-        Recipe(loss="liger")
+        Recipe.of(loss="liger")
 
 
 def _saved_per_layer(model: str, recipe: Recipe) -> int:
@@ -74,13 +74,13 @@ def test_sequence_parallel_saves_what_korthikanti_says():
     (LayerNorm inputs, dropout masks, residuals: 10 sbh bytes in 16-bit) over the t TP ranks,
     so it saves sbh x 10 x (1 - 1/t) per layer (arXiv 2205.05198, Table 2: sbh(10 + 24/t) vs
     sbh x 34/t). GPT-2 XL, t = 5, s = 1024, b = 1, h = 1600: 8 sbh."""
-    base = Recipe(gpus=5, tp=5, seq_len=1024, precision="bf16-true", attention="flash")
+    base = Recipe.of(gpus=5, tp=5, seq_len=1024, precision="bf16-true", attention="flash")
     plain = _saved_per_layer("openai-community/gpt2-xl", base)
-    sp = _saved_per_layer("openai-community/gpt2-xl", replace(base, sequence_parallel=True))
+    sp = _saved_per_layer("openai-community/gpt2-xl", base.with_keys(sequence_parallel=True))
     sbh = 1024 * 1600
     assert (plain - sp) / sbh == pytest.approx(10 * (1 - 1 / 5), rel=0.01)
     with pytest.raises(ConfigError, match="tp > 1"):
-        Recipe(sequence_parallel=True)
+        Recipe.of(sequence_parallel=True)
 
 
 def test_moe_capacity_factor_pads_expert_inputs():
@@ -89,8 +89,8 @@ def test_moe_capacity_factor_pads_expert_inputs():
     moe = load_model("Qwen/Qwen3-30B-A3B")
 
     def peak(cf):
-        return estimate(moe, Recipe(gpus=8, ep=8, zero=1, seq_len=4096, moe_capacity_factor=cf),
+        return estimate(moe, Recipe.of(gpus=8, ep=8, zero=1, seq_len=4096, moe_capacity_factor=cf),
                         H100, search_micro_batch=False).worst.peak_allocated_bytes
     assert peak(1.0) == peak(0.0) < peak(1.25)
     with pytest.raises(ConfigError, match="moe_capacity_factor"):
-        Recipe(moe_capacity_factor=-1)
+        Recipe.of(moe_capacity_factor=-1)

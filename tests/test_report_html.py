@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 pytest.importorskip("jinja2")
 
-from memplan.api import estimate_from_names  # noqa: E402
+from memplan.api import Machine, estimate_from_names, load_recipe  # noqa: E402
 from memplan.breakdown import Breakdown  # noqa: E402
 from memplan.cli import app  # noqa: E402
 from memplan.errors import ConfigError  # noqa: E402
@@ -19,8 +19,8 @@ from memplan.units import fmt_bytes  # noqa: E402
 
 @pytest.fixture(scope="module")
 def estimate_json():
-    return estimate_from_names("meta-llama/Llama-3.2-1B", "A100-80GB",
-                               overrides={"micro_batch": 2}).to_dict()
+    return estimate_from_names("meta-llama/Llama-3.2-1B", load_recipe(None, {"micro_batch": 2}),
+                               Machine(gpu="A100-80GB")).to_dict()
 
 
 def _measured(d):

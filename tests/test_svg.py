@@ -90,9 +90,10 @@ def test_empty_timeline_is_an_error():
 
 
 def test_real_estimate_draws(tmp_path):
-    from memplan.api import estimate_from_names
+    from memplan.api import Machine, estimate_from_names, load_recipe
 
-    d = estimate_from_names("meta-llama/Llama-3.2-1B", "A100-80GB").to_dict()
+    d = estimate_from_names("meta-llama/Llama-3.2-1B", load_recipe(),
+                            Machine(gpu="A100-80GB")).to_dict()
     rank = d["gpu"]["per_rank"][0]
     root = ET.fromstring(timeline_area(rank["timeline"], capacity_bytes=d["gpu"]["capacity_bytes"]))
     assert int(root.find("s:g[@data-peak]", NS).get("data-bytes")) == rank["peak_allocated_bytes"]

@@ -63,7 +63,7 @@ def test_trace_of_a_catalog_model_uses_no_real_memory():
     """Qwen2.5-0.5B at 4 x 1024 (about 20 GiB of tensors) traces in a few seconds."""
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     t0 = time.perf_counter()
-    b = trace("Qwen/Qwen2.5-0.5B", Recipe(device="cpu", micro_batch=4, seq_len=1024), CPU)
+    b = trace("Qwen/Qwen2.5-0.5B", Recipe.of(device="cpu", micro_batch=4, seq_len=1024), CPU)
     assert time.perf_counter() - t0 < 60
     rank = b.worst
     assert rank.peak_allocated_bytes > 10 * GIB
@@ -74,7 +74,7 @@ def test_trace_of_a_catalog_model_uses_no_real_memory():
 
 def test_bad_recipes_are_refused_with_every_reason():
     with pytest.raises(TraceError) as e:
-        trace("Qwen/Qwen2.5-0.5B", Recipe(device="cpu", gpus=2, zero=2,
+        trace("Qwen/Qwen2.5-0.5B", Recipe.of(device="cpu", gpus=2, zero=2,
                                           optimizer="adamw-8bit"), CPU)
     msg = str(e.value)
     assert "gpus=2" in msg and "zero=2" in msg and "adamw-8bit" in msg
@@ -85,7 +85,7 @@ def test_cuda_trace_needs_a_cuda_build_of_torch():
         pytest.skip("this torch has CUDA: the refusal path does not apply (and a fake-CUDA "
                     "trace is exercised on GPU machines)")
     with pytest.raises(TraceError, match="CUDA build of torch"):
-        trace("Qwen/Qwen2.5-0.5B", Recipe(seq_len=64), CPU)
+        trace("Qwen/Qwen2.5-0.5B", Recipe.of(seq_len=64), CPU)
 
 
 @pytest.mark.skipif(not torch.backends.cuda.is_built(),
@@ -93,7 +93,7 @@ def test_cuda_trace_needs_a_cuda_build_of_torch():
 def test_cuda_trace_runs_without_touching_gpu_memory():
     from memplan import get_device
 
-    b = trace("Qwen/Qwen2.5-0.5B", Recipe(seq_len=256), get_device("H100-80GB"))
+    b = trace("Qwen/Qwen2.5-0.5B", Recipe.of(seq_len=256), get_device("H100-80GB"))
     assert b.worst.peak_allocated_bytes > 0
     assert any(i.name == "CUDA context" for i in b.worst.outside)
 
@@ -115,7 +115,7 @@ def test_cli_trace_json_and_errors():
 
 def test_adafactor_is_refused_by_the_tracer_only():
     with pytest.raises(TraceError, match="adafactor"):
-        trace(QUICK[0].model, Recipe(device="cpu", optimizer="adafactor", seq_len=16), CPU)
-    real = measure_recipe(QUICK[0].model, Recipe(device="cpu", optimizer="adafactor",
+        trace(QUICK[0].model, Recipe.of(device="cpu", optimizer="adafactor", seq_len=16), CPU)
+    real = measure_recipe(QUICK[0].model, Recipe.of(device="cpu", optimizer="adafactor",
                                                  precision="32-true", seq_len=16), CPU)
     assert real.worst.peak_allocated_bytes > 0

@@ -90,7 +90,7 @@ def test_deepseek_and_mixtral_estimates_against_real_runs(tmp_path, first_dense)
     cfg["first_k_dense_replace"] = first_dense
     ds = tmp_path / "deepseek_v3.json"
     ds.write_text(json.dumps(cfg))
-    recipe = Recipe(precision="32-true", micro_batch=2, seq_len=128, device="cpu")
+    recipe = Recipe.of(precision="32-true", micro_batch=2, seq_len=128, device="cpu")
     dev = cpu_device(8 << 30)
     for path in ([str(ds), _tiny("mixtral")] if first_dense == 1 else [str(ds)]):
         measured = measure_recipe(path, recipe, dev).worst.peak_allocated_bytes

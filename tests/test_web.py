@@ -3,7 +3,6 @@ comparisons, and every kind of bad input (message in the page, never a 500)."""
 
 import json
 import re
-from dataclasses import fields
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -13,7 +12,7 @@ pytest.importorskip("httpx")
 
 from starlette.testclient import TestClient  # noqa: E402
 
-from memplan import Recipe  # noqa: E402
+from memplan.recipe.describe import describe_fields  # noqa: E402
 from memplan.web import create_app  # noqa: E402
 from memplan.web.fields import recipe_fields  # noqa: E402
 from memplan.web.state import MAX_CONFIG_BYTES, MAX_PINS  # noqa: E402
@@ -42,7 +41,7 @@ def test_page_has_a_control_for_every_recipe_field(client):
     r = client.get("/")
     assert r.status_code == 200
     names = set(re.findall(r'data-field="([a-z_]+)"', r.text))
-    assert {f.name for f in fields(Recipe)} - {"notes"} <= names
+    assert {f.key for f in describe_fields()} - {"notes"} <= names
     assert {"model", "gpu", "node"} <= names
     # choices offered are the recipe's; numbers carry bounds
     assert re.search(r'<select name="precision".*?<option value="bf16-mixed" selected>', r.text,

@@ -92,10 +92,10 @@ def test_controls_update_numbers_and_url(page, base_url):
     assert page.input_value('input[name="micro_batch"]') == "6"
     # the largest micro-batch arrives in its own request
     page.wait_for_selector('#results > .result b[data-k="max_micro_batch"]:not([data-pending])')
-    from memplan.api import estimate_from_names
+    from memplan.api import estimate_from_names, load_recipe
 
-    want = estimate_from_names("meta-llama/Llama-3.2-1B", None, overrides={
-        "micro_batch": 6, "checkpointing": "full"}).max_micro_batch
+    want = estimate_from_names("meta-llama/Llama-3.2-1B", load_recipe(None, {
+        "micro_batch": 6, "checkpointing": "full"})).max_micro_batch
     assert page.locator('#results > .result b[data-k="max_micro_batch"]').inner_text() == str(want)
 
 
@@ -124,10 +124,11 @@ def test_bad_input_shows_the_message_in_the_page(page, base_url):
 
 
 def test_report_opens_from_file(page, tmp_path):
-    from memplan.api import estimate_from_names
+    from memplan.api import Machine, estimate_from_names, load_recipe
     from memplan.report.html import render_report
 
-    d = estimate_from_names("meta-llama/Llama-3.2-1B", "A100-80GB").to_dict()
+    d = estimate_from_names("meta-llama/Llama-3.2-1B", load_recipe(),
+                            Machine(gpu="A100-80GB")).to_dict()
     out = tmp_path / "report.html"
     out.write_text(render_report(d))
     page.goto(out.as_uri())

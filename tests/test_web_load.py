@@ -12,7 +12,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
-from memplan.api import estimate_from_names  # noqa: E402
+from memplan.api import estimate_from_names, load_recipe  # noqa: E402
 from memplan.web.thread import serving  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ BATCHES = (1, 2, 3, 4, 6, 8)
 
 def test_200_requests_from_8_clients():
     model = "meta-llama/Llama-3.2-1B"
-    expected = {mb: estimate_from_names(model, "H100-80GB", overrides={"micro_batch": mb})
+    expected = {mb: estimate_from_names(model, load_recipe(None, {"micro_batch": mb}))
                 .worst.peak_allocated_bytes for mb in BATCHES}
     with serving() as url:
         def one(k):

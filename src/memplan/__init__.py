@@ -3,7 +3,7 @@
 Public API::
 
     from memplan import estimate, load_model, Recipe, get_device
-    b = estimate(load_model("meta-llama/Llama-3.1-8B"), Recipe(precision="bf16-mixed"),
+    b = estimate(load_model("meta-llama/Llama-3.1-8B"), Recipe.of(precision="bf16-mixed"),
                  get_device("H100-80GB"))
     b.worst.peak_allocated_bytes, b.fits
 """

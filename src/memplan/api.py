@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,73 +11,87 @@ from .estimate import estimate
 from .hardware import cpu_device, get_device
 from .hardware.nodes import get_node
 from .host import HostSetup, node_hardware, parse_size
-from .system import with_host_and_time
 from .model import ModelSpec, catalog, load_model
-from .recipe import Recipe
+from .recipe import Recipe, read_recipe_file
+from .system import with_host_and_time
 
-__all__ = ["estimate_from_names", "trace_from_names", "load_recipe", "load_host_setup",
+__all__ = ["Machine", "estimate_from_names", "trace_from_names", "load_recipe", "load_job",
            "catalog_rows"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Machine:
+    """Where the job runs, by name: the GPU, an optional node preset and overrides of it."""
+
+    gpu: str | None = None
+    """GPU name from the catalog; None means the node's GPU, else H100-80GB."""
+    node: str | None = None
+    """Node preset (``nodes.toml``): host RAM, NVMe, PCIe, NVLink, network, CPU cores."""
+    host_ram: str | int | None = None
+    """Host RAM per node (``2TiB`` or bytes), overriding the preset."""
+    nvme: str | int | None = None
+    """Local NVMe per node, overriding the preset."""
+    pcie: int | None = None
+    """PCIe generation of the GPU links, overriding the preset."""
+    host_memory_bytes: int = 0
+    """RAM of this machine, the capacity of ``device = cpu`` runs."""
 
 
 def load_recipe(recipe_file: str | Path | None = None,
                 overrides: dict[str, Any] | None = None) -> Recipe:
-    """A recipe from an optional TOML file with ``overrides`` (e.g. CLI flags) on top."""
-    base: dict[str, Any] = {}
-    if recipe_file is not None:
-        base = Recipe.from_toml(recipe_file).to_dict()
-        base.pop("dp")
-    return Recipe.from_dict({**base, **(overrides or {})})
+    """A recipe from an optional TOML/JSON file with ``overrides`` (e.g. CLI flags) on top."""
+    return load_job(recipe_file, overrides)[0]
 
 
-def load_host_setup(recipe_file: str | Path | None = None,
-                    overrides: dict[str, Any] | None = None) -> HostSetup:
-    """The ``[host]`` table of an optional recipe TOML with ``overrides`` on top (issue #5)."""
-    base = HostSetup.from_toml(recipe_file).to_dict() if recipe_file is not None else {}
-    return HostSetup.from_dict({**base, **(overrides or {})})
+def load_job(recipe_file: str | Path | None = None, overrides: dict[str, Any] | None = None,
+             host_overrides: dict[str, Any] | None = None) -> tuple[Recipe, HostSetup]:
+    """The recipe and its ``[host]`` table from one read of an optional file, each with its
+    overrides on top, validated once after merging."""
+    data = read_recipe_file(recipe_file) if recipe_file is not None else {}
+    table = data.pop("host", {})
+    where = str(recipe_file or "recipe")
+    recipe = Recipe.from_dict({**data, **(overrides or {})}, where=where)
+    if not isinstance(table, dict):
+        from .errors import ModelConfigError
+
+        raise ModelConfigError(f"{where}: 'host' must be a table ([host]), got {table!r}.")
+    setup = HostSetup.from_dict({**table, **(host_overrides or {})}, where=f"{where} [host]")
+    return recipe, setup
 
 
-def estimate_from_names(model: str | ModelSpec, gpu: str | None, *, recipe_file: str | Path | None = None,
-                        overrides: dict[str, Any] | None = None,
-                        host_memory_bytes: int = 0, node: str | None = None,
-                        host_ram: str | int | None = None, nvme: str | int | None = None,
-                        pcie: int | None = None,
-                        host_overrides: dict[str, Any] | None = None,
+def estimate_from_names(model: str | ModelSpec, recipe: Recipe, machine: Machine | None = None,
+                        setup: HostSetup | None = None, *,
                         search_micro_batch: bool = True) -> Breakdown:
-    """Resolve names, validate everything, estimate GPU memory, host RAM, NVMe and step time.
-    ``gpu`` None means the node's GPU (or H100-80GB without a node). Raises ``MemplanError``
-    on bad input. ``model`` may also be a ``ModelSpec`` already built (the web page's pasted
-    config.json); ``search_micro_batch=False`` skips the largest-micro-batch search (several
-    more estimates), leaving ``max_micro_batch`` None."""
-    preset = get_node(node) if node else None
-    recipe = load_recipe(recipe_file, overrides)
-    if preset is not None and recipe.gpus_per_node == 0:
-        recipe = replace(recipe, gpus_per_node=min(recipe.gpus, preset.gpus))
-    setup = load_host_setup(recipe_file, host_overrides)
-    if recipe.device == "cpu":
-        return estimate(_spec(model), recipe, cpu_device(host_memory_bytes),
+    """Resolve names, estimate GPU memory, host RAM, NVMe and step time. Raises
+    ``MemplanError`` on bad input. ``model`` may also be a ``ModelSpec`` already built (the web
+    page's pasted config.json); ``search_micro_batch=False`` skips the largest-micro-batch
+    search (several more estimates), leaving ``max_micro_batch`` None."""
+    machine = machine or Machine()
+    preset = get_node(machine.node) if machine.node else None
+    if preset is not None and recipe.parallelism.gpus_per_node == 0:
+        recipe = recipe.with_keys(gpus_per_node=min(recipe.parallelism.gpus, preset.gpus))
+    spec = model if isinstance(model, ModelSpec) else load_model(model)
+    if recipe.platform.device == "cpu":
+        return estimate(spec, recipe, cpu_device(machine.host_memory_bytes),
                         search_micro_batch=search_micro_batch)
-    device = get_device(gpu or (preset.gpu if preset else "H100-80GB"))
-    hw = node_hardware(device, recipe.local_gpus, preset,
-                       host_ram_bytes=parse_size(host_ram, "--host-ram") if host_ram else None,
-                       nvme_bytes=parse_size(nvme, "--nvme") if nvme else None, pcie_gen=pcie)
-    spec = _spec(model)
+    device = get_device(machine.gpu or (preset.gpu if preset else "H100-80GB"))
+    hw = node_hardware(
+        device, recipe.parallelism.local_gpus, preset,
+        host_ram_bytes=parse_size(machine.host_ram, "--host-ram") if machine.host_ram else None,
+        nvme_bytes=parse_size(machine.nvme, "--nvme") if machine.nvme else None,
+        pcie_gen=machine.pcie)
     return with_host_and_time(estimate(spec, recipe, device,
-                                       search_micro_batch=search_micro_batch), spec, recipe, device, hw, setup)
+                                       search_micro_batch=search_micro_batch),
+                              spec, recipe, device, hw, setup)
 
 
-def _spec(model: str | ModelSpec) -> ModelSpec:
-    return model if isinstance(model, ModelSpec) else load_model(model)
-
-
-def trace_from_names(model: str, gpu: str, *, recipe_file: str | Path | None = None,
-                     overrides: dict[str, Any] | None = None,
+def trace_from_names(model: str, recipe: Recipe, gpu: str = "H100-80GB",
                      host_memory_bytes: int = 0) -> Breakdown:
     """Like ``estimate_from_names`` but traced (``memplan.trace``; needs torch)."""
     from .trace import trace
 
-    recipe = load_recipe(recipe_file, overrides)
-    device = cpu_device(host_memory_bytes) if recipe.device == "cpu" else get_device(gpu)
-    return trace(model, recipe, device)
+    cpu = recipe.platform.device == "cpu"
+    return trace(model, recipe, cpu_device(host_memory_bytes) if cpu else get_device(gpu))
 
 
 def catalog_rows() -> list[dict[str, Any]]:

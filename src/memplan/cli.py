@@ -15,6 +15,8 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from .cli_options import host_option, recipe_options
+from .cli_options import host_option, recipe_options
 from .errors import MemplanError
 
 app = typer.Typer(
@@ -69,87 +71,14 @@ Opt = typer.Option
 _MODEL_HELP = ("HF id from the catalog (see `memplan models`), a config.json / model dir, or "
                "package.module:function.")
 
-_RECIPE_OPTIONS: list[tuple[str, type, str]] = [
-    ("gpus", int, "Total GPUs in the job. [default: 1]"),
-    ("gpus_per_node", int, "GPUs per node. [default: min(gpus, 8)]"),
-    ("precision", str, "32-true | 16-mixed | bf16-mixed | 16-true | bf16-true | fp8-mixed. "
-                       "[default: bf16-mixed]"),
-    ("optimizer", str, "adamw | adam | sgd | sgd-momentum | adafactor | lion | adamw-8bit | "
-                       "paged-adamw | paged-adamw-8bit. [default: adamw]"),
-    ("method", str, "full | lora | qlora | freeze. [default: full]"),
-    ("lora_rank", int, "LoRA rank r. [default: 16]"),
-    ("lora_targets", str, "Comma list of q,k,v,o,gate,up,down or all-linear. "
-                          "[default: all-linear]"),
-    ("quant", str, "QLoRA base storage: none | nf4 | nf4-dq | int8. [default: none]"),
-    ("micro_batch", int, "Sequences per GPU per step. [default: 1]"),
-    ("seq_len", int, "Tokens per sequence. [default: 2048]"),
-    ("grad_accum", int, "Gradient accumulation steps. [default: 1]"),
-    ("checkpointing", str, "none | selective | full. [default: none]"),
-    ("attention", str, "eager | sdpa | flash. [default: sdpa]"),
-    ("loss", str, "Cross-entropy: standard | chunked (torchtune, 8 chunks) | fused (Liger, no "
-                  "logits). [default: standard]"),
-    ("zero", int, "ZeRO stage 0-3 (FSDP full shard = 3). [default: 0]"),
-    ("tp", int, "Tensor-parallel degree. [default: 1]"),
-    ("sequence_parallel", bool, "Megatron sequence parallelism (needs tp > 1): norms, dropout "
-                                "and residuals split over the TP ranks. [default: off]"),
-    ("pp", int, "Pipeline-parallel stages. [default: 1]"),
-    ("pp_virtual", int, "Model chunks per pipeline rank; > 1 is the interleaved 1F1B schedule. "
-                        "[default: 1]"),
-    ("cp", int, "Context-parallel degree. [default: 1]"),
-    ("ep", int, "Expert-parallel degree. [default: 1]"),
-    ("moe_capacity_factor", float, "MoE capacity factor, inputs padded to it (0 = dropless). "
-                                   "[default: 0]"),
-    ("offload", str, "none | optimizer | params+optimizer | nvme. [default: none]"),
-    ("device", str, "cuda | cpu (cpu: no CUDA overheads, to compare with CPU runs). "
-                    "[default: cuda]"),
-    ("expandable_segments", bool, "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (little "
-                                  "allocator fragmentation). [default: off]"),
-]
-"""The recipe flags shared by ``estimate`` and ``trace``: (name, type, help). Unset flags are
-None and leave the recipe file's (or the default) value alone."""
-
-
-def recipe_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Give a command the recipe flags above; it receives them as ``flags`` (only those set).
-
-    Typer reads a command's parameters from its signature, so the wrapper's signature is the
-    command's own parameters with the shared ones in place of ``flags``.
-    """
-    import functools
-    import inspect
-
-    sig = inspect.signature(fn, eval_str=True)
-    names = [n for n, _, _ in _RECIPE_OPTIONS]
-    shared = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None,
-                                annotation=Annotated[t | None, Opt(help=h)])
-              for n, t, h in _RECIPE_OPTIONS]
-    own = [p for p in sig.parameters.values() if p.name != "flags"]
-    cut = next((i for i, p in enumerate(own) if p.name == "recipe"), len(own))
-    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.default is not p.empty
-              else p for p in own[:cut]] + shared + [
-        p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[cut:]]
-
-    @functools.wraps(fn)
-    def wrapper(**kwargs: Any) -> Any:
-        flags = {n: kwargs.pop(n) for n in names if kwargs.get(n) is not None}
-        for n in names:
-            kwargs.pop(n, None)
-        return fn(**kwargs, flags=flags)
-
-    del wrapper.__wrapped__
-    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {p.name: p.annotation for p in params}
-    return wrapper
-
-
 @app.command()
 @recipe_options
 def estimate(
     model: Annotated[str, typer.Argument(help=_MODEL_HELP)],
     gpu: Annotated[str | None, Opt(help="GPU name from `memplan gpus`, e.g. H100-80GB. "
                                         "[default: the --node's GPU, else H100-80GB]")] = None,
-    recipe: Annotated[Path | None, Opt(help="Recipe TOML with the same names (underscores); "
-                                            "flags given here override it.")] = None,
+    recipe: Annotated[Path | None, Opt(help="Recipe TOML or JSON with the same names "
+                                            "(underscores); flags given here override it.")] = None,
     node: Annotated[str | None, Opt(help="Node preset (nodes.toml), e.g. DGX-H100, p5.48xlarge: "
                                          "host RAM, NVMe, PCIe, NVLink, network, CPU cores.")] = None,
     host_ram: Annotated[str | None, Opt(help="Host RAM per node, e.g. 2TiB or 1900GiB "
@@ -158,10 +87,9 @@ def estimate(
                                          "--node).")] = None,
     pcie: Annotated[int | None, Opt(help="PCIe generation of the GPU links: 3, 4 or 5 "
                                          "(overrides --node).")] = None,
-    load: Annotated[str | None, Opt(help="How ranks load the checkpoint: full | rank0 | sharded "
-                                         "| meta. [default: full]")] = None,
-    workers: Annotated[int | None, Opt(help="DataLoader workers per rank. [default: 2]")] = None,
-    prefetch: Annotated[int | None, Opt(help="DataLoader prefetch_factor. [default: 2]")] = None,
+    load: Annotated[str | None, host_option("load")] = None,
+    workers: Annotated[int | None, host_option("workers")] = None,
+    prefetch: Annotated[int | None, host_option("prefetch")] = None,
     format: Annotated[str, Opt("--format", help="table | json.")] = "table",
     flags: dict[str, Any] | None = None,
 ) -> None:
@@ -174,10 +102,10 @@ def estimate(
     def run() -> Any:
         from . import api
 
-        return api.estimate_from_names(model, gpu, recipe_file=recipe, overrides=flags,
-                                       host_memory_bytes=_host_memory_bytes(), node=node,
-                                       host_ram=host_ram, nvme=nvme, pcie=pcie,
-                                       host_overrides=host_flags)
+        job, setup = api.load_job(recipe, flags, host_flags)
+        machine = api.Machine(gpu=gpu, node=node, host_ram=host_ram, nvme=nvme, pcie=pcie,
+                              host_memory_bytes=_host_memory_bytes())
+        return api.estimate_from_names(model, job, machine, setup)
 
     _show(_guard(run), format)
 
@@ -213,8 +141,8 @@ def trace(
     model: Annotated[str, typer.Argument(help=_MODEL_HELP)],
     gpu: Annotated[str, Opt(help="GPU name from `memplan gpus` (reported with --device cuda)."
                             )] = "H100-80GB",
-    recipe: Annotated[Path | None, Opt(help="Recipe TOML with the same names (underscores); "
-                                            "flags given here override it.")] = None,
+    recipe: Annotated[Path | None, Opt(help="Recipe TOML or JSON with the same names "
+                                            "(underscores); flags given here override it.")] = None,
     modules: Annotated[int, Opt(help="Rows of the per-module table at the peak (0: none).")] = 12,
     format: Annotated[str, Opt("--format", help="table | json.")] = "table",
     flags: dict[str, Any] | None = None,
@@ -228,8 +156,8 @@ def trace(
 
         _need_torch("trace")
         _quiet_transformers()
-        return api.trace_from_names(model, gpu, recipe_file=recipe, overrides=flags,
-                                    host_memory_bytes=_host_memory_bytes())
+        return api.trace_from_names(model, api.load_recipe(recipe, flags), gpu,
+                                    _host_memory_bytes())
 
     result = _guard(run)
     if format == "json":

@@ -19,7 +19,7 @@ def with_host_and_time(b: Breakdown, model: ModelSpec, recipe: Recipe, device: D
                        hw: NodeHardware, setup: HostSetup | None = None) -> Breakdown:
     """``b`` with ``host``, ``nvme`` and ``time`` filled in (``time`` stays None when the GPU
     has no dense peak for the compute dtype; nothing is added for ``device = cpu``)."""
-    if recipe.device == "cpu":
+    if recipe.platform.device == "cpu":
         return b
     setup = setup or HostSetup()
     host, nvme = estimate_host(b, model, recipe, hw, setup)

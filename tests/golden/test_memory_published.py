@@ -260,10 +260,10 @@ def _recipe(row: dict[str, str]) -> Recipe:
                   adapter_dtype=ADAPTER_DTYPE.get(_framework(row["source_group"]), "fp32"))
     if method == "qlora":
         kw["quant"] = row["base_quant"]
-    r = Recipe(**kw)
+    r = Recipe.of(**kw)
     dp_shard = int(row["dp_shard"] or 1)
-    if r.zero and dp_shard != r.shard_degree:
-        r = replace(r, hybrid_shard=dp_shard)
+    if r.parallelism.zero and dp_shard != r.parallelism.shard_degree:
+        r = r.with_keys(hybrid_shard=dp_shard)
     return r
 
 
@@ -382,7 +382,7 @@ def _fit_row(row: dict[str, str]) -> FitCase | list[str]:
         return [R_UNSTATED]
     recipe = _recipe(row)
     if assumed:
-        recipe = replace(recipe, adapter_dtype=UNSLOTH_HF_ASSUMED["adapter_dtype"])
+        recipe = recipe.with_keys(adapter_dtype=UNSLOTH_HF_ASSUMED["adapter_dtype"])
     gpu = _gpu(row["gpu"])
     return FitCase(id=row["id"], group=row["source_group"], grade=row["reliability"],
                    model_id=_catalog_id(row) or "", recipe=recipe, gpu=gpu or STAND_IN_GPU,

@@ -36,7 +36,7 @@ TOL = 0.35
 
 def _time(model: str, gpu: str, node: str, device_edit: dict | None = None, **kw):
     m = load_model(model)
-    r = Recipe(precision="bf16-mixed", gpus_per_node=8, attention="flash", **kw)
+    r = Recipe.of(precision="bf16-mixed", gpus_per_node=8, attention="flash", **kw)
     d = get_device(gpu)
     if device_edit:
         d = replace(d, **device_edit)

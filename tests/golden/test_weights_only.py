@@ -24,7 +24,7 @@ def test_gt038_llama2_7b_lora_weights_after_init():
     """GT038: torchtune README @c69fba18b, llama2/7B_lora_single_device, bf16 weights + LoRA
     (r=8 on q,v, bf16 adapters), reserved after model init = 13.98 GB = 13.02 GiB."""
     got = _params("meta-llama/Llama-2-7b-hf",
-                  Recipe(method="lora", lora_rank=8, lora_targets=("q", "v"), adapter_dtype="bf16",
+                  Recipe.of(method="lora", lora_rank=8, lora_targets=("q", "v"), adapter_dtype="bf16",
                          precision="bf16-true"), "A100-80GB")
     measured = 13.02 * GIB
     assert got <= measured <= got * 1.05  # 3.6 % of allocator slack here
@@ -35,5 +35,5 @@ def test_gt120_bert_large_fp32_weights_plus_context():
     memory 2631 MiB = context (GT119, same V100/CUDA 11.2 setup: 1343 MiB) + weights.
     The doc's model has a 2-label classification head instead of the MLM head we describe:
     335,143,938 vs 335,174,458 parameters (0.01 %)."""
-    got = _params("bert-large-uncased", Recipe(precision="32-true"), "V100-16GB") + 1343 * MIB
+    got = _params("bert-large-uncased", Recipe.of(precision="32-true"), "V100-16GB") + 1343 * MIB
     assert got == pytest.approx(2631 * MIB, rel=0.01)

@@ -11,7 +11,7 @@ from dataclasses import replace
 from ..breakdown import Breakdown, Category, Item, Phase, Pool, RankBreakdown
 from ..hardware import Device
 from ..model.spec import ModelSpec
-from ..recipe import Recipe
+from ..recipe import Offload, Parallelism, Recipe
 from .checks import check_compatible
 from .layout import Stage, layout
 from .model_states import model_state_items
@@ -27,12 +27,12 @@ __all__ = ["estimate"]
 
 
 def _role(stage: Stage, recipe: Recipe) -> str:
-    if recipe.pp == 1:
+    if recipe.parallelism.pp == 1:
         return "every rank"
     what = []
     if stage.index == 0:
         what.append("embedding")
-    if stage.index == recipe.pp - 1:
+    if stage.index == recipe.parallelism.pp - 1:
         what.append("head")
     layers = f"layers {stage.layers.start}-{stage.layers.stop - 1}" if len(stage.layers) else "no layers"
     extra = f", {' + '.join(what)}" if what else ""
@@ -41,15 +41,14 @@ def _role(stage: Stage, recipe: Recipe) -> str:
 
 def _trainable(model: ModelSpec, recipe: Recipe) -> int:
     """Trainable parameters of the whole model (adapters for LoRA), counted once."""
-    whole = replace(recipe, tp=1, pp=1, pp_virtual=1, ep=1, cp=1, gpus=1, gpus_per_node=0,
-                    zero=0, hybrid_shard=0, offload="none", sequence_parallel=False)
+    whole = replace(recipe, parallelism=Parallelism(), offload=Offload())
     return sum(h.numel for h in layout(model, whole)[0].held if h.trainable)
 
 
 def _step_lines(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
     out = [Line(i, (Phase.OPTIMIZER,)) if i.category == Category.TEMPORARY else Line(i, lazy=True)
            for i in optimizer_step_items(stage, recipe, dt)]
-    tokens = recipe.micro_batch * recipe.seq_len
+    tokens = recipe.batch.micro_batch * recipe.batch.seq_len
     out.append(Line(Item(category=Category.ACTIVATIONS, name="input batch (token ids + labels)",
                          bytes=2 * 8 * tokens, formula="2 int64 tensors of micro_batch x seq_len")))
     return out
@@ -59,8 +58,8 @@ def _instants(model: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> lis
     """The activation timeline of one micro-batch, plus the saved activations of the other
     micro-batches a pipeline stage holds in flight (1F1B: stage i holds pp - i)."""
     points, grad_total = stage_points(model, stage, recipe, dt)
-    inflight = inflight_microbatches(recipe.pp, stage.index, recipe.pp_virtual,
-                                     recipe.grad_accum)
+    inflight = inflight_microbatches(recipe.parallelism.pp, stage.index, recipe.parallelism.pp_virtual,
+                                     recipe.batch.grad_accum)
     fwd_end = max((p.saved for p in points if p.phase == "forward"), default=0)
     produced = 0
     out = []
@@ -75,7 +74,7 @@ def _instants(model: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> lis
             more = f"{inflight - 1:g}"
             items.append(Item(category=Category.ACTIVATIONS,
                               name=f"{more} more micro-batches in flight "
-                              f"({'interleaved ' if recipe.pp_virtual > 1 else ''}1F1B)",
+                              f"({'interleaved ' if recipe.parallelism.pp_virtual > 1 else ''}1F1B)",
                               bytes=int((inflight - 1) * fwd_end),
                               formula="1F1B: stage i holds pp - i micro-batches' activations "
                               "(Narayanan et al. 2021, §2.2); interleaved: Megatron-Core "
@@ -107,9 +106,9 @@ def inflight_microbatches(pp: int, stage: int, virtual: int, microbatches: int) 
 def _ranks(model: ModelSpec, recipe: Recipe, device: Device) -> tuple[RankBreakdown, ...]:
     """One ``RankBreakdown`` per pipeline stage (the recipe is already checked)."""
     dt = dtypes(recipe)
-    on_cpu = recipe.device == "cpu"
+    on_cpu = recipe.platform.device == "cpu"
     ranks = []
-    per_stage = recipe.gpus // recipe.pp
+    per_stage = recipe.parallelism.gpus // recipe.parallelism.pp
     for stage in layout(model, recipe):
         lines = model_state_items(stage, recipe, dt) + overhead_items(device, on_cpu)
         lines += nccl_items(recipe, stage.index) + _step_lines(stage, recipe, dt)
@@ -155,7 +154,7 @@ def estimate(model: ModelSpec, recipe: Recipe, device: Device, *,
 
 
 def _fits(model: ModelSpec, recipe: Recipe, device: Device, micro_batch: int) -> bool:
-    ranks = _ranks(model, replace(recipe, micro_batch=micro_batch), device)
+    ranks = _ranks(model, replace(recipe, batch=replace(recipe.batch, micro_batch=micro_batch)), device)
     return all(r.device_total_bytes <= device.capacity_bytes for r in ranks)
 
 

@@ -60,13 +60,13 @@ def stage_layers(num_layers: int, pp: int) -> list[range]:
 def _adapters(t: Tensor, recipe: Recipe) -> list[Held]:
     """LoRA A (r x in) and B (out x r) for a targeted linear; under TP, the factor on the split
     side is split too (NeMo/Megatron LoRA: column-parallel base -> B split, row -> A split)."""
-    if not (t.is_linear and set(t.targets) & set(recipe.lora_targets)):
+    if not (t.is_linear and set(t.targets) & set(recipe.method.lora_targets)):
         return []
     out_f, in_f = t.shape[0], t.shape[-1]
-    r, tp = recipe.lora_rank, recipe.tp
+    r, tp = recipe.method.lora_rank, recipe.parallelism.tp
     a_in = -(-in_f // tp) if t.split is Split.ROW else in_f
     b_out = -(-out_f // tp) if t.split in (Split.COLUMN, Split.VOCAB) else out_f
-    experts = -(-t.experts // recipe.ep) if t.experts > 1 else 1
+    experts = -(-t.experts // recipe.parallelism.ep) if t.experts > 1 else 1
     a = Tensor(name=t.name.replace(".weight", ".lora_A"), shape=(r, in_f), component=t.component,
                experts=t.experts)
     b = Tensor(name=t.name.replace(".weight", ".lora_B"), shape=(out_f, r), component=t.component,
@@ -76,9 +76,9 @@ def _adapters(t: Tensor, recipe: Recipe) -> list[Held]:
 
 
 def _hold(t: Tensor, recipe: Recipe, trainable: bool) -> list[Held]:
-    numel = t.numel_per_rank(recipe.tp, recipe.ep)
-    if recipe.method in ("lora", "qlora"):
-        quantized = (recipe.method == "qlora" and t.is_linear
+    numel = t.numel_per_rank(recipe.parallelism.tp, recipe.parallelism.ep)
+    if recipe.method.kind in ("lora", "qlora"):
+        quantized = (recipe.method.kind == "qlora" and t.is_linear
                      and t.component not in (Component.HEAD, Component.EMBEDDING))
         return [Held(tensor=t, numel=numel, trainable=False, quantized=quantized),
                 *_adapters(t, recipe)]
@@ -88,13 +88,13 @@ def _hold(t: Tensor, recipe: Recipe, trainable: bool) -> list[Held]:
 def layout(model: ModelSpec, recipe: Recipe) -> list[Stage]:
     """Per pipeline stage, the tensors one rank of that stage holds."""
     n = model.num_layers
-    train_from = n - recipe.freeze_trainable_layers if recipe.method == "freeze" else 0
-    full = recipe.method == "full"
+    train_from = n - recipe.method.freeze_trainable_layers if recipe.method.kind == "freeze" else 0
+    full = recipe.method.kind == "full"
     stages = []
-    ranges = stage_layers(n, recipe.pp) if n else [range(0)] * recipe.pp
+    ranges = stage_layers(n, recipe.parallelism.pp) if n else [range(0)] * recipe.parallelism.pp
     for s, layers in enumerate(ranges):
         held: list[Held] = []
-        first, last = s == 0, s == recipe.pp - 1
+        first, last = s == 0, s == recipe.parallelism.pp - 1
         units = []
         if first:
             for t in model.embedding:
@@ -110,7 +110,7 @@ def layout(model: ModelSpec, recipe: Recipe) -> list[Stage]:
             before = len(held)
             for t in model.head:
                 held += _hold(t, recipe, trainable=full)  # freeze: only the layers train
-            if model.tied_embeddings and recipe.pp > 1:
+            if model.tied_embeddings and recipe.parallelism.pp > 1:
                 # Megatron keeps a copy of the shared embedding on the last stage for the head.
                 copy = Tensor(name="lm_head.weight (tied copy)",
                               shape=(model.vocab_size, model.hidden_size),

@@ -4,7 +4,7 @@ ZeRO/FSDP/DDP communication buffers that scale with them.
 Conventions (README "Conventions" has the long form):
 - ZeRO >= 1 follows DeepSpeed: 16-bit model + fp32 master under mixed precision; stage 1 shards
   optimizer states and master weights, stage 2 also gradients, stage 3 also parameters, over
-  ``recipe.shard_degree`` ranks (expert tensors over ``expert_shard_degree``).
+  ``recipe.parallelism.shard_degree`` ranks (expert tensors over ``expert_shard_degree``).
 - Offload moves master weights and optimizer states (and with ``params+optimizer``/``nvme`` the
   parameter shards) to the host or NVMe pool; they stay in the breakdown, off the GPU.
 """
@@ -36,7 +36,7 @@ def _sum(pairs: list[tuple[Held, float]], recipe: Recipe, shard: bool) -> int:
     out = 0.0
     for h, b in pairs:
         if shard:
-            b /= recipe.expert_shard_degree if h.expert else recipe.shard_degree
+            b /= recipe.parallelism.expert_shard_degree if h.expert else recipe.parallelism.shard_degree
         out += b
     return math.ceil(out)
 
@@ -49,12 +49,12 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
     adapters = [h for h in trainable if h.adapter]
     frozen = [h for h in stage.held if not h.trainable and not h.quantized]
     quantized = [h for h in stage.held if h.quantized]
-    z = recipe.zero
-    off = recipe.offload
+    z = recipe.parallelism.zero
+    off = recipe.offload.kind
     param_pool = {"params+optimizer": Pool.HOST, "nvme": Pool.NVME}.get(off, Pool.ALLOCATED)
     state_pool = {"optimizer": Pool.HOST, "params+optimizer": Pool.HOST, "nvme": Pool.NVME}.get(
         off, Pool.ALLOCATED)
-    shard_note = f" / {recipe.shard_degree} (ZeRO-{z})" if z else ""
+    shard_note = f" / {recipe.parallelism.shard_degree} (ZeRO-{z})" if z else ""
 
     def add(category: Category, name: str, pairs: list[tuple[Held, float]], *, shard: bool,
             formula: str, phases: tuple[Phase, ...] = ALL_PHASES, pool: Pool = Pool.ALLOCATED,
@@ -69,17 +69,17 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
     pb, fb = dtype_bytes(dt.param), dtype_bytes(dt.frozen)
     add(Category.PARAMS, f"trainable parameters ({dt.param})", [(h, h.numel * pb) for h in base],
         shard=z == 3, pool=param_pool, formula=f"trainable elements x {pb:g} B")
-    ab = dtype_bytes(recipe.adapter_dtype)
-    add(Category.PARAMS, f"LoRA adapters ({recipe.adapter_dtype})",
+    ab = dtype_bytes(recipe.method.adapter_dtype)
+    add(Category.PARAMS, f"LoRA adapters ({recipe.method.adapter_dtype})",
         [(h, h.numel * ab) for h in adapters], shard=z == 3, pool=param_pool,
         formula=f"r x (in + out) per adapted linear x {ab:g} B (Hu et al. 2021)")
     add(Category.PARAMS, f"frozen parameters ({dt.frozen})", [(h, h.numel * fb) for h in frozen],
         shard=z == 3, pool=param_pool, formula=f"frozen elements x {fb:g} B")
-    add(Category.PARAMS, f"quantized base ({recipe.quant})",
-        [(h, quantized_bytes(h.numel, h.tensor.shape[0], recipe.quant)) for h in quantized],
+    add(Category.PARAMS, f"quantized base ({recipe.method.quant})",
+        [(h, quantized_bytes(h.numel, h.tensor.shape[0], recipe.method.quant)) for h in quantized],
         shard=z == 3, pool=param_pool,
         formula="bitsandbytes storage incl. quantization constants (QLoRA paper §3)")
-    if recipe.precision == "fp8-mixed" and z < 3:
+    if recipe.precision.kind == "fp8-mixed" and z < 3:
         linear = [(h, h.numel * 2.0) for h in base if h.tensor.is_linear]
         add(Category.PARAMS, "fp8 weight cache (+ transpose)", linear, shard=False,
             phases=(F, B), formula="1 B fp8 weight + 1 B fp8 transpose per linear element, cached "
@@ -87,9 +87,9 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
 
     # -- gradients -------------------------------------------------------------------------
     gb = dtype_bytes(dt.grad)
-    persistent = recipe.grad_accum > 1 or recipe.grad_dtype == "fp32"
+    persistent = recipe.batch.grad_accum > 1 or recipe.precision.grad_dtype == "fp32"
     grad_phases = ALL_PHASES if persistent else (B, O)
-    why = " kept across micro-batches (grad_accum > 1)" if recipe.grad_accum > 1 else ""
+    why = " kept across micro-batches (grad_accum > 1)" if recipe.batch.grad_accum > 1 else ""
     # torch gives a gradient its parameter's dtype: LoRA adapters keep the adapter dtype.
     grads = [(h, h.numel * (ab if h.adapter else gb)) for h in trainable]
     if off != "none" and z >= 2:
@@ -115,9 +115,9 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
 
     # -- optimizer states and master weights ---------------------------------------------------
     # torch optimizers allocate states like the parameter: fp32 adapters get fp32 states.
-    adapter_state = "fp32" if dt.state == "fp32" else recipe.adapter_dtype
-    add(Category.OPTIMIZER, f"{recipe.optimizer} states",
-        [(h, optimizer_state_bytes(h, recipe.optimizer, adapter_state if h.adapter else dt.state))
+    adapter_state = "fp32" if dt.state == "fp32" else recipe.method.adapter_dtype
+    add(Category.OPTIMIZER, f"{recipe.optimizer.kind} states",
+        [(h, optimizer_state_bytes(h, recipe.optimizer.kind, adapter_state if h.adapter else dt.state))
          for h in trainable],
         shard=z >= 1, pool=state_pool, lazy=z == 0,
         formula="see estimate/states.py:optimizer_state_bytes" + (
@@ -136,9 +136,9 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
     out: list[Line] = []
     cb, gb = dtype_bytes(dt.compute), dtype_bytes(dt.grad)
     t_numel = sum(h.numel for h in trainable)
-    if recipe.zero == 3 and recipe.shard_degree > 1:
+    if recipe.parallelism.zero == 3 and recipe.parallelism.shard_degree > 1:
         unit = stage.largest_unit_numel
-        gathered = max((sum(quantized_bytes(h.numel, h.tensor.shape[0], recipe.quant)
+        gathered = max((sum(quantized_bytes(h.numel, h.tensor.shape[0], recipe.method.quant)
                             if h.quantized else h.numel * cb for h in u) for u in stage.units),
                        default=0)
         out.append(_line(
@@ -152,8 +152,8 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
                 category=Category.COMMUNICATION, name="unsharded gradients of one unit",
                 bytes=math.ceil(min(unit, t_numel) * gb), phases=(B,),
                 formula="reduce-scatter input of the unit in backward (PyTorch FSDP notes)"))
-    elif recipe.dp > 1 and t_numel:
-        if recipe.zero == 0:
+    elif recipe.parallelism.dp > 1 and t_numel:
+        if recipe.parallelism.zero == 0:
             out.append(_line(
                 category=Category.COMMUNICATION, name="DDP gradient buckets",
                 bytes=math.ceil(t_numel * gb),

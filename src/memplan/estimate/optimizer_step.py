@@ -29,15 +29,15 @@ _PER_TENSOR = {"adam": 2, "adamw": 2, "lion": 2, "adafactor": 3}
 
 def optimizer_step_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]:
     trainable = [h for h in stage.held if h.trainable]
-    if not trainable or recipe.offload != "none":
+    if not trainable or recipe.offload.kind != "none":
         return []
     sb = dtype_bytes(dt.state if dt.state in ("fp32", "bf16", "fp16") else "fp32")
-    opt = recipe.optimizer
+    opt = recipe.optimizer.kind
     out = []
-    shard = recipe.shard_degree if recipe.zero >= 1 else 1
-    if recipe.zero >= 1 and opt in ("adam", "adamw"):
+    shard = recipe.parallelism.shard_degree if recipe.parallelism.zero >= 1 else 1
+    if recipe.parallelism.zero >= 1 and opt in ("adam", "adamw"):
         pass  # DeepSpeed FusedAdam / cpu_adam: no temporaries
-    elif recipe.device == "cuda" and opt in ("adam", "adamw"):
+    elif recipe.platform.device == "cuda" and opt in ("adam", "adamw"):
         n = sum(h.numel for h in trainable) // shard
         out.append(Item(category=Category.TEMPORARY, name="foreach Adam sqrt(exp_avg_sq) copy",
                         bytes=int(n * sb),
@@ -50,7 +50,7 @@ def optimizer_step_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]
                         bytes=int(k * big * sb),
                         formula=f"{k} x the largest trainable tensor (single-tensor path: "
                         "sqrt(exp_avg_sq), then / bias_correction2_sqrt)"))
-    if recipe.device == "cpu" and opt in ("adam", "adamw"):
+    if recipe.platform.device == "cpu" and opt in ("adam", "adamw"):
         out.append(Item(category=Category.OPTIMIZER, name="step counters",
                         bytes=4 * len(trainable),
                         formula="one fp32 scalar tensor 'step' per parameter (torch.optim.Adam; "

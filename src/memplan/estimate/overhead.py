@@ -84,26 +84,26 @@ def nccl_items(recipe: Recipe, stage: int) -> list[Line]:
     other rank of the group). Allocated by NCCL outside PyTorch's caching allocator, so
     nvidia-smi sees it and ``max_memory_allocated`` does not. NVLink SHARP (NVLS) buffers and
     ``NCCL_BUFFSIZE`` / channel overrides are not modelled."""
-    if recipe.device == "cpu" or recipe.gpus < 2:
+    if recipe.platform.device == "cpu" or recipe.parallelism.gpus < 2:
         return []
     out = []
-    for name, size in (("data parallel", recipe.dp), ("tensor parallel", recipe.tp),
-                       ("context parallel", recipe.cp)):
+    for name, size in (("data parallel", recipe.parallelism.dp), ("tensor parallel", recipe.parallelism.tp),
+                       ("context parallel", recipe.parallelism.cp)):
         if size > 1:
             out.append(Item(category=Category.COMMUNICATION, name=f"NCCL buffers ({name}, "
                             f"{size} ranks)", bytes=nccl_ring_bytes(size), pool=Pool.DEVICE,
                             formula="measured per communicator after an all-reduce: 544 MB "
                             "(2 ranks) / 688 MB (>2) on A100 NVLink (NVIDIA/nccl#964)"))
-    if recipe.pp > 1:
-        peers = 2 if 0 < stage < recipe.pp - 1 else 1
+    if recipe.parallelism.pp > 1:
+        peers = 2 if 0 < stage < recipe.parallelism.pp - 1 else 1
         out.append(Item(category=Category.COMMUNICATION, name=f"NCCL buffers (pipeline, "
                         f"{peers} peer{'s' if peers > 1 else ''})", bytes=nccl_p2p_bytes(peers),
                         pool=Pool.DEVICE, formula=f"{peers} x 32 channels x (10 + 2) MiB "
                         "send/recv buffers (NVIDIA/nccl#1685)"))
-    if recipe.ep > 1:
+    if recipe.parallelism.ep > 1:
         out.append(Item(category=Category.COMMUNICATION, name=f"NCCL buffers (expert all-to-all, "
-                        f"{recipe.ep} ranks)", bytes=nccl_p2p_bytes(recipe.ep - 1),
-                        pool=Pool.DEVICE, formula=f"{recipe.ep - 1} peers x 32 channels x "
+                        f"{recipe.parallelism.ep} ranks)", bytes=nccl_p2p_bytes(recipe.parallelism.ep - 1),
+                        pool=Pool.DEVICE, formula=f"{recipe.parallelism.ep - 1} peers x 32 channels x "
                         "(10 + 2) MiB (NVIDIA/nccl#1685: +3.3 GB after the first all-to-all "
                         "on 8 H100s)"))
     return [Line(it) for it in out]
@@ -123,9 +123,9 @@ most about one page per stream is mapped but unused (``CUDACachingAllocator.cpp`
 
 def fragmentation_item(peak_allocated: int, recipe: Recipe) -> Item | None:
     """Allocator slack at the peak: ``max_memory_reserved - max_memory_allocated``."""
-    if recipe.device == "cpu":
+    if recipe.platform.device == "cpu":
         return None
-    if recipe.expandable_segments:
+    if recipe.platform.expandable_segments:
         return Item(category=Category.OVERHEAD, name="allocator slack (expandable segments)",
                     bytes=EXPANDABLE_PAGE_BYTES, pool=Pool.RESERVED,
                     formula="about one unused 20 MiB page (Note [Expandable Segments])")

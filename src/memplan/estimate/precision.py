@@ -48,20 +48,20 @@ def _half(precision: str) -> str:
 
 def dtypes(recipe: Recipe) -> Dtypes:
     """The dtype of every model state under ``recipe`` (see the module table)."""
-    p = recipe.precision
+    p = recipe.precision.kind
     if p == "32-true":
         d = Dtypes(param="fp32", grad="fp32", state="fp32", master=None, frozen="fp32",
                    compute="fp32")
     elif p.endswith("-true"):
         h = _half(p)
         d = Dtypes(param=h, grad=h, state=h, master=None, frozen=h, compute=h)
-    elif p == "fp8-mixed" or recipe.zero >= 1:
+    elif p == "fp8-mixed" or recipe.parallelism.zero >= 1:
         h = _half(p)
         d = Dtypes(param=h, grad=h, state="fp32", master="fp32", frozen=h, compute=h)
     else:  # AMP
         h = _half(p)
         d = Dtypes(param="fp32", grad="fp32", state="fp32", master=None, frozen=h, compute=h)
-    if recipe.grad_dtype == "fp32":
+    if recipe.precision.grad_dtype == "fp32":
         d = Dtypes(param=d.param, grad="fp32", state=d.state, master=d.master, frozen=d.frozen,
                    compute=d.compute)
     return d

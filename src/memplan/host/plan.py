@@ -42,8 +42,8 @@ def optimizer_state_bytes_per_element(recipe: Recipe) -> float:
     Adam 2 states (fp32 unless ``*-true``; 1 B for bitsandbytes 8-bit) + 4 B master under
     mixed precision with ZeRO (ZeRO paper §3: 12 B/param with Adam)."""
     dt = dtypes(recipe)
-    per_state = 1.0 if recipe.optimizer.endswith("8bit") else dtype_bytes(dt.state)
-    return _STATES[recipe.optimizer] * per_state + (4.0 if dt.master else 0.0)
+    per_state = 1.0 if recipe.optimizer.kind.endswith("8bit") else dtype_bytes(dt.state)
+    return _STATES[recipe.optimizer.kind] * per_state + (4.0 if dt.master else 0.0)
 
 
 def _offload_pinned(per_rank: int, elements: int, rounding: bool) -> int:
@@ -65,15 +65,15 @@ def _offload_pinned(per_rank: int, elements: int, rounding: bool) -> int:
 def estimate_host(b: Breakdown, model: ModelSpec, recipe: Recipe, hw: NodeHardware,
                   setup: HostSetup) -> tuple[HostEstimate, NvmeEstimate]:
     """Host RAM and NVMe of the busiest node (see the module docstring)."""
-    local = recipe.local_gpus
-    nodes = math.ceil(recipe.gpus / local)
+    local = recipe.parallelism.local_gpus
+    nodes = math.ceil(recipe.parallelism.gpus / local)
     dt = dtypes(recipe)
-    w_elem = dtype_bytes(dt.param if recipe.method == "full" else dt.frozen)
+    w_elem = dtype_bytes(dt.param if recipe.method.kind == "full" else dt.frozen)
     weights = math.ceil(model.num_params * w_elem)
     trainable = int(b.model.get("trainable_params", model.num_params))
-    model_par = recipe.tp * recipe.pp
-    shard = recipe.shard_degree
-    largest = max(t.numel_per_rank(recipe.tp, recipe.ep) for t in model.tensors)
+    model_par = recipe.parallelism.tp * recipe.parallelism.pp
+    shard = recipe.parallelism.shard_degree
+    largest = max(t.numel_per_rank(recipe.parallelism.tp, recipe.parallelism.ep) for t in model.tensors)
     lines: list[HostLine] = []
     notes: list[str] = []
 
@@ -83,7 +83,7 @@ def estimate_host(b: Breakdown, model: ModelSpec, recipe: Recipe, hw: NodeHardwa
 
     add("process baseline", c.process_baseline(local), ("load", *STEADY),
         f"{local} ranks x 2.06 GB (torch + CUDA process RSS, pytorch/pytorch#113326)")
-    shards = model_par * (shard if recipe.zero == 3 else 1)
+    shards = model_par * (shard if recipe.parallelism.zero == 3 else 1)
     add(f"model loading ({setup.load})",
         c.loading_bytes(setup.load, local_ranks=local, weights_bytes=weights, model_shards=shards,
                         unit_bytes=math.ceil(model.largest_layer_numel() * w_elem),
@@ -106,12 +106,12 @@ def estimate_host(b: Breakdown, model: ModelSpec, recipe: Recipe, hw: NodeHardwa
         if setup.pinned:
             notes.append("offloaded states are pinned: they count against `ulimit -l` and cannot "
                          "be swapped (DeepSpeed offload_config.py)")
-        if recipe.offload in ("optimizer", "params+optimizer"):
-            temp_elems = math.ceil(largest / (shard if recipe.zero == 3 else 1))
+        if recipe.offload.kind in ("optimizer", "params+optimizer"):
+            temp_elems = math.ceil(largest / (shard if recipe.parallelism.zero == 3 else 1))
             add("CPU optimizer temporaries", local * c.cpu_optimizer_temp_bytes(temp_elems),
                 ("steady step",), "2 fp32 temporaries of the largest parameter shard per rank "
                 "(torch _single_tensor_adam denom; DeepSpeed CPU-Adam works in place)")
-    if recipe.offload == "nvme":
+    if recipe.offload.kind == "nvme":
         sub = min(int(constant("ds_sub_group_elements")),
                   math.ceil(trainable / (model_par * shard)))
         add("NVMe swap buffers (pinned)",
@@ -119,13 +119,13 @@ def estimate_host(b: Breakdown, model: ModelSpec, recipe: Recipe, hw: NodeHardwa
             "optimizer 4 x sub-group x 4 B + params 5 x 1e8 x 2 B + max_in_cpu 1e9 x 2 B per "
             "rank, pinned (DeepSpeed offload_config.py defaults)")
 
-    data = c.dataloader_bytes(setup, recipe.micro_batch, recipe.seq_len)
+    data = c.dataloader_bytes(setup, recipe.batch.micro_batch, recipe.batch.seq_len)
     add("data loading", local * sum(data.values()), STEADY,
         f"{local} ranks x (" + ", ".join(f"{k} {v:,} B" for k, v in data.items() if v) + ")")
 
     opt_elem = optimizer_state_bytes_per_element(recipe) if setup.save_optimizer else 0.0
     state = weights + math.ceil(trainable * opt_elem)
-    opt_shards = model_par * (shard if recipe.zero >= 1 else 1)
+    opt_shards = model_par * (shard if recipe.parallelism.zero >= 1 else 1)
     rank_state = math.ceil(weights / shards + trainable * opt_elem / opt_shards)
     add(f"checkpoint save ({setup.checkpoint}{', async' if setup.async_save else ''})",
         c.checkpoint_save_bytes(setup, local_ranks=local,
@@ -149,7 +149,7 @@ def _nvme(b: Breakdown, recipe: Recipe, hw: NodeHardware, setup: HostSetup, loca
                               moments=STEADY, formula=f"{local} ranks x NVMe-offloaded bytes per "
                               "rank (parameters and optimizer states, from the GPU breakdown)"))
     if setup.checkpoint != "none" and setup.keep_checkpoints:
-        per_node = (math.ceil(state * local / recipe.gpus) if setup.checkpoint == "sharded"
+        per_node = (math.ceil(state * local / recipe.parallelism.gpus) if setup.checkpoint == "sharded"
                     else state)
         lines.append(HostLine(
             name=f"checkpoints kept ({setup.keep_checkpoints})",

@@ -19,20 +19,20 @@ HOW = "measured: live storage bytes of a real step"
 
 
 def measure_recipe(model: str, recipe: Recipe, device: Device, *, steps: int = 2) -> Breakdown:
-    """Really run ``steps`` training steps of ``model`` with ``recipe`` on ``recipe.device``."""
+    """Really run ``steps`` training steps of ``model`` with ``recipe`` on ``recipe.platform.device``."""
     import torch
 
     from ..trace.workload import build_model, build_workload
     from .live import measure_step
     from .result import to_breakdown
 
-    cuda = recipe.device == "cuda"
+    cuda = recipe.platform.device == "cuda"
     base = 0
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-    w = build_workload(build_model(model, recipe, device=recipe.device), recipe)
+    w = build_workload(build_model(model, recipe, device=recipe.platform.device), recipe)
     measured = measure_step(w.model, w.batch, w.optimizer, autocast_dtype=w.autocast_dtype,
                             loss_fn=w.loss_fn, steps=steps)
     dev: dict[str, Any] = device.to_dict()

@@ -82,26 +82,26 @@ def _causal(layer: Layer) -> bool:
 def token_flops(model: ModelSpec, recipe: Recipe) -> TokenFlops:
     """FLOPs per token of a training step of ``model`` under ``recipe`` (module docstring)."""
     n = model.num_layers
-    first_trainable = n - recipe.freeze_trainable_layers if recipe.method == "freeze" else 0
-    base_trains = recipe.method == "full"
+    first_trainable = n - recipe.method.freeze_trainable_layers if recipe.method.kind == "freeze" else 0
+    base_trains = recipe.method.kind == "full"
     m_fwd = a_fwd = 0.0
     model_f = executed = 0.0
     for i, layer in enumerate(model.layers):
         m = layer_matmul_flops(layer)
-        a = attention_core_flops(layer, recipe.seq_len)
-        a_exec = a * (0.5 if _causal(layer) and recipe.attention != "eager" else 1.0)
+        a = attention_core_flops(layer, recipe.batch.seq_len)
+        a_exec = a * (0.5 if _causal(layer) and recipe.platform.attention != "eager" else 1.0)
         m_fwd += m
         a_fwd += a
         if i < first_trainable:          # frozen bottom layers: no backward at all
             model_f += m + a
             executed += m + a_exec
             continue
-        w_grad = 1.0 if (base_trains or recipe.method == "freeze") else 0.0
+        w_grad = 1.0 if (base_trains or recipe.method.kind == "freeze") else 0.0
         model_f += m * (2 + w_grad) + 3 * a
         executed += m * (2 + w_grad) + 3 * a_exec
-        if recipe.checkpointing == "full":
+        if recipe.checkpointing.kind == "full":
             executed += m + a_exec
-        elif recipe.checkpointing == "selective":
+        elif recipe.checkpointing.kind == "selective":
             executed += a_exec
     head = 2.0 * model.hidden_size * model.vocab_size
     head_w = 1.0 if base_trains else 0.0  # freeze and LoRA leave the head frozen

@@ -49,7 +49,7 @@ __all__ = ["estimate_time", "pcie_gb_per_s", "peak_tflops"]
 def peak_tflops(device: Device, recipe: Recipe) -> tuple[float | None, str]:
     """Dense peak TFLOP/s of the compute dtype (``fp8-mixed``: the fp8 rate for matmuls)."""
     dt = dtypes(recipe).compute
-    key = "fp8" if recipe.precision == "fp8-mixed" else dt
+    key = "fp8" if recipe.precision.kind == "fp8-mixed" else dt
     rates = device.tflops or {}
     return rates.get(key), key
 
@@ -79,10 +79,10 @@ def _hbm_bytes_per_token(model: ModelSpec, recipe: Recipe, tp: int) -> float:
             f += ffn.shared_intermediate_size * ffn.shared_experts
         per_ffn = constant("elementwise_bytes_per_ffn") if (ffn and ffn.gated) else 4.0
         fwd += constant("elementwise_bytes_per_hidden") * h + per_ffn * f
-        if recipe.attention == "eager" and layer.attention is not None:
+        if recipe.platform.attention == "eager" and layer.attention is not None:
             fwd += constant("eager_attention_bytes_per_score") * layer.attention.num_heads \
-                * recipe.seq_len / tp
-    passes = 3 + (1 if recipe.checkpointing == "full" else 0)
+                * recipe.batch.seq_len / tp
+    passes = 3 + (1 if recipe.checkpointing.kind == "full" else 0)
     ce = constant("cross_entropy_bytes_per_logit") * model.vocab_size
     return fwd * passes + ce
 
@@ -92,14 +92,14 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     """Step time of ``recipe`` on ``device`` GPUs in ``hw`` nodes; None when the catalog has
     no dense peak for the compute dtype (the reason is the caller's to report)."""
     peak_t, key = peak_tflops(device, recipe)
-    if not peak_t or recipe.device == "cpu":
+    if not peak_t or recipe.platform.device == "cpu":
         return None
     peak = peak_t * 1e12
     eff = setup.matmul_efficiency or constant("matmul_efficiency")
-    tp, pp, cp, ep = recipe.tp, recipe.pp, recipe.cp, recipe.ep
-    local = recipe.local_gpus
-    m = recipe.grad_accum
-    tokens_replica = recipe.micro_batch * recipe.seq_len * m
+    tp, pp, cp, ep = recipe.parallelism.tp, recipe.parallelism.pp, recipe.parallelism.cp, recipe.parallelism.ep
+    local = recipe.parallelism.local_gpus
+    m = recipe.batch.grad_accum
+    tokens_replica = recipe.batch.micro_batch * recipe.batch.seq_len * m
     split = tp * pp * cp
     fl = token_flops(model, recipe)
     notes: list[str] = []
@@ -107,8 +107,8 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     hbm = (device.hbm_gb_per_s or 0) * 1e9 * constant("hbm_efficiency")
     dt = dtypes(recipe)
     elems_rank = trainable / (tp * pp)
-    part = elems_rank / (recipe.shard_degree if recipe.zero >= 1 else 1)
-    opt_bytes = 0.0 if recipe.offload != "none" else constant("optimizer_bytes_per_param_gpu") * part
+    part = elems_rank / (recipe.parallelism.shard_degree if recipe.parallelism.zero >= 1 else 1)
+    opt_bytes = 0.0 if recipe.offload.kind != "none" else constant("optimizer_bytes_per_param_gpu") * part
     hbm_bytes = _hbm_bytes_per_token(model, recipe, tp) * tokens_replica / split + opt_bytes
     t_hbm = hbm_bytes / hbm if hbm else 0.0
     if not hbm:
@@ -121,7 +121,7 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
              else Link("pcie", h2d))
     inter = Link("network", hw.network_gb_per_s * constant("network_efficiency")
                  if hw.network_gb_per_s else None)
-    act = recipe.micro_batch * recipe.seq_len / cp * model.hidden_size * dtype_bytes(dt.compute)
+    act = recipe.batch.micro_batch * recipe.batch.seq_len / cp * model.hidden_size * dtype_bytes(dt.compute)
     layers_rank = model.num_layers / pp
     unknown: list[str] = []
 
@@ -133,23 +133,23 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
 
     # critical path: TP, EP, PP p2p
     tp_link = group_link(1, tp, local, intra, inter)
-    tp_calls = 4 + (2 if recipe.checkpointing == "full" else 0)
+    tp_calls = 4 + (2 if recipe.checkpointing.kind == "full" else 0)
     t_tp = t(allreduce_s(act, tp, tp_link), "TP link") * tp_calls * layers_rank * m
     moe = [ly for ly in model.layers if ly.ffn and ly.ffn.num_experts]
     top_k = moe[0].ffn.top_k if moe else 0  # type: ignore[union-attr]
     ep_link = group_link(tp, ep, local, intra, inter)
     t_ep = t(gather_s(act * top_k, ep, ep_link), "EP link") * 4 * len(moe) / pp * m
-    pp_link = inter if recipe.gpus > local else intra
+    pp_link = inter if recipe.parallelism.gpus > local else intra
     t_pp = t(gather_s(act, 2, pp_link), "PP link") * 2 * 2 * m if pp > 1 else 0.0
     # overlapped: DP / ZeRO / FSDP, CP
     gb = dtype_bytes(dt.grad)
     pb = dtype_bytes(dt.param)
-    n = recipe.shard_degree if recipe.zero else recipe.dp * cp
+    n = recipe.parallelism.shard_degree if recipe.parallelism.zero else recipe.parallelism.dp * cp
     dp_link = group_link(tp, n, local, intra, inter)
-    if recipe.zero == 3:
+    if recipe.parallelism.zero == 3:
         dp_s = (2 * t(gather_s(elems_rank * pb, n, dp_link), "DP link")
                 + t(gather_s(elems_rank * gb, n, dp_link), "DP link")) * m
-    elif recipe.zero == 2:
+    elif recipe.parallelism.zero == 2:
         dp_s = (t(gather_s(elems_rank * gb, n, dp_link), "DP link") * m
                 + t(gather_s(elems_rank * pb, n, dp_link), "DP link"))
     else:
@@ -157,21 +157,21 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     kv = max((ly.attention.num_kv_heads * (ly.attention.head_dim + ly.attention.v_head_dim)
               for ly in model.layers if ly.attention), default=0)
     cp_link = group_link(tp, cp, local, intra, inter)
-    cp_bytes = recipe.micro_batch * recipe.seq_len / cp * kv * dtype_bytes(dt.compute) / tp
+    cp_bytes = recipe.batch.micro_batch * recipe.batch.seq_len / cp * kv * dtype_bytes(dt.compute) / tp
     t_cp = t(gather_s(cp_bytes * cp, cp, cp_link), "CP link") * 3 * layers_rank * m
 
     # offload over PCIe / NVMe, CPU optimizer
     pcie_ovl = pcie_serial = nvme_ovl = nvme_opt = cpu = 0.0
-    if recipe.offload in ("optimizer", "params+optimizer", "nvme"):
+    if recipe.offload.kind in ("optimizer", "params+optimizer", "nvme"):
         if d2h is None:
             unknown.append("PCIe generation")
         else:
             pcie_ovl += part * 2 / (d2h * 1e9) * m          # 16-bit gradient partition out
-            if recipe.offload == "optimizer":
+            if recipe.offload.kind == "optimizer":
                 pcie_serial += part * 2 / (h2d * 1e9)         # updated 16-bit params back
             else:
                 pcie_ovl += 2 * part * 2 / (h2d * 1e9) * m  # param shards in, fwd and bwd
-        if recipe.offload == "nvme":
+        if recipe.offload.kind == "nvme":
             read = hw.nvme_read_gb_per_s
             write = hw.nvme_write_gb_per_s or (read * constant("nvme_write_fraction")
                                                if read else None)
@@ -197,7 +197,7 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     over[cp_link.name] = over.get(cp_link.name, 0.0) + t_cp
     fwd_bwd = max([critical, *over.values()])
     excess_name = max(over, key=lambda k: over[k])
-    v = recipe.pp_virtual
+    v = recipe.parallelism.pp_virtual
     bubble = (pp - 1) / (m * v) * critical if pp > 1 else 0.0  # Narayanan et al. 2021 §2.2
     opt_serial = max(cpu, nvme_opt)
     step = fwd_bwd + bubble + opt_serial + pcie_serial
@@ -247,9 +247,9 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
         "DP/ZeRO/CP comm, parameter fetches and data loading overlapped with forward/backward",
         "CPU optimizer step and ZeRO-Offload parameter upload serial after backward",
     )
-    replicas = recipe.gpus // split
+    replicas = recipe.parallelism.gpus // split
     return TimeEstimate(
-        step_seconds=step, tokens_per_step=tokens_replica * replicas, gpus=recipe.gpus,
+        step_seconds=step, tokens_per_step=tokens_replica * replicas, gpus=recipe.parallelism.gpus,
         model_flops_per_step=fl.model * tokens_replica * replicas,
         executed_flops_per_step=fl.executed * tokens_replica * replicas,
         peak_flops_per_gpu=peak, gpu_busy_seconds=busy, resources=resources,

@@ -8,7 +8,7 @@ shapes, dtypes and storages but no data. The recipe is applied by
 two steps (first + steady) run through ``memplan.measure.measure_step``, whose storage tracker
 and module labels work unchanged on fake storages. A 70B model traces on a laptop.
 
-Kernel choices are those of ``recipe.device``: with ``cpu`` the CPU kernels (the ones a real CPU
+Kernel choices are those of ``recipe.platform.device``: with ``cpu`` the CPU kernels (the ones a real CPU
 run takes, so trace and a real CPU run agree exactly; ``tests/test_trace.py``); with ``cuda``
 fake CUDA tensors, so CUDA-only choices apply (SDPA's flash / memory-efficient kernels, the
 ``foreach`` optimizer). Fake CUDA tensors need a CUDA build of torch, not a GPU.
@@ -115,7 +115,7 @@ def trace(model: str, recipe: Recipe, device: Device, *, steps: int = 2) -> Brea
 
     Args:
         model: catalog id, config.json / model directory, or ``package.module:function``.
-        recipe: the training recipe; ``recipe.device`` picks CPU or CUDA kernels.
+        recipe: the training recipe; ``recipe.platform.device`` picks CPU or CUDA kernels.
         device: the device row reported with the result (``cpu_device`` or a GPU).
         steps: steps to run (2: the first step and the steady state).
 
@@ -126,18 +126,18 @@ def trace(model: str, recipe: Recipe, device: Device, *, steps: int = 2) -> Brea
     from ..measure.result import to_breakdown
 
     check_traceable(recipe)
-    if recipe.optimizer == "adafactor":
+    if recipe.optimizer.kind == "adafactor":
         raise TraceError("optimizer=adafactor: torch.optim.Adafactor reads a tensor's value "
                          "(.item()) in its step, which fake tensors cannot give; trace with "
                          "adamw, adam, sgd or sgd-momentum (a real run supports adafactor).")
     built = build_model(model, recipe, device="meta")
-    with fake_mode(recipe.device):
-        materialize(built.model, recipe.device)
+    with fake_mode(recipe.platform.device):
+        materialize(built.model, recipe.platform.device)
         w = build_workload(built, recipe)
         measured = _steps(w, steps)
     outside: tuple = ()
     notes = list(w.notes)
-    if recipe.device == "cuda":
+    if recipe.platform.device == "cuda":
         outside = tuple(ln.item for ln in overhead_items(device, on_cpu=False)
                         if ln.item.pool == Pool.DEVICE)
         notes.append("CUDA: allocator slack and cuBLAS/kernel workspaces are not traced; "

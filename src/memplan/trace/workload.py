@@ -79,31 +79,31 @@ def check_traceable(recipe: Recipe) -> tuple[str, ...]:
     return notes about approximations."""
     p, notes = Problems(), []
     for name in ("gpus", "tp", "pp", "cp", "ep"):
-        if getattr(recipe, name) != 1:
-            p.add(f"{name}={getattr(recipe, name)}: trace and real runs execute one rank; "
+        if getattr(recipe.parallelism, name) != 1:
+            p.add(f"{name}={getattr(recipe.parallelism, name)}: trace and real runs execute one rank; "
                   f"use {name}=1 (and `memplan estimate` for parallel layouts).")
-    if recipe.zero:
-        p.add(f"zero={recipe.zero}: sharding needs a process group; trace uses zero=0.")
-    if recipe.offload != "none":
-        p.add(f"offload={recipe.offload}: offload needs DeepSpeed/FSDP; use offload=none.")
-    if recipe.precision == "fp8-mixed":
+    if recipe.parallelism.zero:
+        p.add(f"zero={recipe.parallelism.zero}: sharding needs a process group; trace uses zero=0.")
+    if recipe.offload.kind != "none":
+        p.add(f"offload={recipe.offload.kind}: offload needs DeepSpeed/FSDP; use offload=none.")
+    if recipe.precision.kind == "fp8-mixed":
         p.add("precision=fp8-mixed needs Transformer Engine on a GPU; use bf16-mixed.")
-    if recipe.optimizer not in OPTIMIZERS:
-        p.add(f"optimizer={recipe.optimizer} has no torch.optim implementation (bitsandbytes / "
+    if recipe.optimizer.kind not in OPTIMIZERS:
+        p.add(f"optimizer={recipe.optimizer.kind} has no torch.optim implementation (bitsandbytes / "
               f"third party); use one of {', '.join(OPTIMIZERS)}.")
-    if recipe.method == "qlora":
+    if recipe.method.kind == "qlora":
         p.add("method=qlora needs bitsandbytes 4-bit kernels on CUDA; use method=lora.")
-    if recipe.checkpointing == "selective":
+    if recipe.checkpointing.kind == "selective":
         p.add("checkpointing=selective: transformers only checkpoints whole layers; use none or "
               "full.")
-    if recipe.attention == "flash":
-        if recipe.device == "cpu":
+    if recipe.platform.attention == "flash":
+        if recipe.platform.device == "cpu":
             p.add("attention=flash needs CUDA; with device=cpu use sdpa (its CPU flash kernel "
                   "keeps no S x S scores either).")
         else:
             notes.append("attention=flash traced as SDPA (its flash backend on CUDA).")
-    if recipe.grad_accum > 1:
-        notes.append(f"grad_accum={recipe.grad_accum}: one micro-batch per step is run; "
+    if recipe.batch.grad_accum > 1:
+        notes.append(f"grad_accum={recipe.batch.grad_accum}: one micro-batch per step is run; "
                      "accumulating keeps the same peak once gradients exist.")
     if p:
         raise TraceError(str(ConfigError(p.items)))
@@ -128,7 +128,7 @@ def _hf_model(config: dict[str, Any], recipe: Recipe, where: str) -> Any:
     if not model_type:
         raise ModelConfigError(f"{where}: config has no 'model_type'; supply the model's "
                                "complete config.json.")
-    attn = "sdpa" if recipe.attention == "flash" else recipe.attention
+    attn = "sdpa" if recipe.platform.attention == "flash" else recipe.platform.attention
     try:
         cfg = transformers.AutoConfig.for_model(model_type, **data)
     except (ValueError, KeyError) as e:
@@ -198,20 +198,20 @@ def _apply_lora(model: Any, recipe: Recipe, torch: Any) -> Any:
         import peft
     except ImportError:
         raise TraceError("method=lora needs PEFT: pip install 'memplan[peft]'.") from None
-    wanted = {leaf for t in recipe.lora_targets for leaf in _TARGET_LEAVES[t]}
+    wanted = {leaf for t in recipe.method.lora_targets for leaf in _TARGET_LEAVES[t]}
     present = {n.rsplit(".", 1)[-1] for n, m in model.named_modules()
                if isinstance(m, torch.nn.Linear)}
     targets = sorted(wanted & present)
     if not targets:
-        raise TraceError(f"lora_targets={','.join(recipe.lora_targets)} match no nn.Linear of "
+        raise TraceError(f"lora_targets={','.join(recipe.method.lora_targets)} match no nn.Linear of "
                          f"this model (its linear layers: {', '.join(sorted(present)) or 'none'}).")
-    cfg = peft.LoraConfig(r=recipe.lora_rank, lora_alpha=recipe.lora_alpha,
+    cfg = peft.LoraConfig(r=recipe.method.lora_rank, lora_alpha=recipe.method.lora_alpha,
                           target_modules=targets, lora_dropout=0.0)
     model = peft.get_peft_model(model, cfg)
     # PEFT upcasts adapters of 16-bit bases to fp32 (autocast_adapter_dtype); the recipe's
     # adapter_dtype says what the user keeps.
     target = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
-        recipe.adapter_dtype]
+        recipe.method.adapter_dtype]
     for name, p in model.named_parameters():
         if "lora_" in name and p.dtype != target:
             p.data = p.data.to(target)
@@ -286,21 +286,21 @@ def build_model(model_ref: str, recipe: Recipe, *, device: str, seed: int = 0) -
         if not isinstance(model, torch.nn.Module):
             raise ModelConfigError(f"{model_ref}: built {type(model).__name__}, expected a "
                                    "torch.nn.Module.")
-        dtype, _ = _torch_dtype(torch, recipe.precision)
+        dtype, _ = _torch_dtype(torch, recipe.precision.kind)
         if dtype != torch.float32:
             model.to(dtype)
-        if recipe.checkpointing == "full":
+        if recipe.checkpointing.kind == "full":
             enable = getattr(model, "gradient_checkpointing_enable", None)
             if enable is None:
                 raise TraceError(f"{model_ref}: checkpointing=full needs a transformers model "
                                  "(gradient_checkpointing_enable); use checkpointing=none.")
             enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if recipe.method == "lora":
+        if recipe.method.kind == "lora":
             model = _apply_lora(model, recipe, torch)
-        elif recipe.method == "freeze":
-            _freeze(model, recipe.freeze_trainable_layers)
-        _, autocast = _torch_dtype(torch, recipe.precision)
-        if autocast is not None and recipe.method != "full":
+        elif recipe.method.kind == "freeze":
+            _freeze(model, recipe.method.freeze_trainable_layers)
+        _, autocast = _torch_dtype(torch, recipe.precision.kind)
+        if autocast is not None and recipe.method.kind != "full":
             for p in model.parameters():
                 if not p.requires_grad:
                     p.data = p.data.to(autocast)
@@ -335,12 +335,12 @@ def build_workload(built: Built, recipe: Recipe) -> Workload:
     import torch
 
     model = built.model
-    with torch.device(recipe.device):
+    with torch.device(recipe.platform.device):
         model.train()
-        ids = torch.randint(0, _vocab(model, torch), (recipe.micro_batch, recipe.seq_len))
+        ids = torch.randint(0, _vocab(model, torch), (recipe.batch.micro_batch, recipe.batch.seq_len))
         batch = {"input_ids": ids, "labels": ids.clone()}
         trainable = [p for p in model.parameters() if p.requires_grad]
-        optimizer = _optimizer(torch, recipe.optimizer, trainable)
+        optimizer = _optimizer(torch, recipe.optimizer.kind, trainable)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     hf = type(base).__module__.startswith("transformers.")
     from ..measure.labels import _stack
@@ -353,6 +353,6 @@ def build_workload(built: Built, recipe: Recipe) -> Workload:
         "layers": len(model.get_submodule(stack)) if stack else 0,
         "source": built.source,
     }
-    _, autocast = _torch_dtype(torch, recipe.precision)
+    _, autocast = _torch_dtype(torch, recipe.precision.kind)
     return Workload(model=model, optimizer=optimizer, batch=batch, autocast_dtype=autocast,
                     loss_fn=None if hf else _generic_loss, info=info, notes=built.notes)

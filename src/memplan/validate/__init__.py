@@ -93,9 +93,9 @@ class CaseResult:
         return {
             "name": self.case.name,
             "model": Path(self.case.model).stem,
-            "recipe": {"precision": r.precision, "optimizer": r.optimizer, "method": r.method,
-                       "checkpointing": r.checkpointing, "attention": r.attention,
-                       "micro_batch": r.micro_batch, "seq_len": r.seq_len, "device": r.device},
+            "recipe": {"precision": r.precision.kind, "optimizer": r.optimizer.kind, "method": r.method.kind,
+                       "checkpointing": r.checkpointing.kind, "attention": r.platform.attention,
+                       "micro_batch": r.batch.micro_batch, "seq_len": r.batch.seq_len, "device": r.platform.device},
             "measured_peak_allocated_bytes": (None if self.measured is None
                                               else measured_peak(self.measured)),
             "traced_peak_allocated_bytes": peak(self.traced),

@@ -62,13 +62,14 @@ def _model(state: PageState) -> Any:
 
 
 def _estimate(state: PageState, search: bool) -> dict[str, Any]:
-    from ..api import estimate_from_names
+    from ..api import Machine, estimate_from_names, load_job
 
     model = _model(state)
+    recipe, setup = load_job(None, state.overrides)
+    machine = Machine(gpu=state.gpu, node=state.node or None, host_ram=state.host_ram or None,
+                      nvme=state.nvme or None)
     try:
-        b = estimate_from_names(model, state.gpu, overrides=state.overrides,
-                                node=state.node or None, host_ram=state.host_ram or None,
-                                nvme=state.nvme or None, search_micro_batch=search)
+        b = estimate_from_names(model, recipe, machine, setup, search_micro_batch=search)
     except MemplanError:
         raise
     except (ArithmeticError, ValueError, KeyError, TypeError) as e:

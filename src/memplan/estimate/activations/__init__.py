@@ -23,21 +23,21 @@ __all__ = ["Point", "stage_points"]
 def _context(recipe: Recipe, dt: Dtypes) -> Ctx:
     """Sizes and dtypes of one micro-batch on one rank (context parallelism splits the
     sequence)."""
-    full = recipe.method == "full"
+    full = recipe.method.kind == "full"
     act = dtype_bytes(dt.param if full else dt.frozen)
     half = dtype_bytes(dt.compute)
-    lora = recipe.method in ("lora", "qlora")
+    lora = recipe.method.kind in ("lora", "qlora")
     # torch.autocast: mixed precision with fp32 parameters (ZeRO >= 1 / fp8 keep a 16-bit model)
-    amp = recipe.precision.endswith("-mixed") and dtype_bytes(dt.param) == 4 and half < 4
-    return Ctx(batch=recipe.micro_batch, seq=-(-recipe.seq_len // recipe.cp), act=int(act),
+    amp = recipe.precision.kind.endswith("-mixed") and dtype_bytes(dt.param) == 4 and half < 4
+    return Ctx(batch=recipe.batch.micro_batch, seq=-(-recipe.batch.seq_len // recipe.parallelism.cp), act=int(act),
                half=int(half), amp=amp,
-               trained=full, cpu=recipe.device == "cpu",
-               lora_rank=recipe.lora_rank if lora else 0,
-               lora_targets=frozenset(recipe.lora_targets) if lora else frozenset(),
-               adapter=int(dtype_bytes(recipe.adapter_dtype)),
-               train_act=int(dtype_bytes(dt.param)), loss=recipe.loss,
-               sp=recipe.tp if recipe.sequence_parallel else 1,
-               capacity=float(recipe.moe_capacity_factor))
+               trained=full, cpu=recipe.platform.device == "cpu",
+               lora_rank=recipe.method.lora_rank if lora else 0,
+               lora_targets=frozenset(recipe.method.lora_targets) if lora else frozenset(),
+               adapter=int(dtype_bytes(recipe.method.adapter_dtype)),
+               train_act=int(dtype_bytes(dt.param)), loss=recipe.loss.kind,
+               sp=recipe.parallelism.tp if recipe.parallelism.sequence_parallel else 1,
+               capacity=float(recipe.parallelism.moe_capacity_factor))
 
 
 def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> tuple[list[Point], int]:
@@ -45,8 +45,8 @@ def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> t
     simulated graph produces in total (to scale the gradient lines by progress)."""
     ctx = _context(recipe, dt)
     g = stage_graph(spec, stage.layers, ctx, first=stage.index == 0,
-                    last=stage.index == recipe.pp - 1, tp=recipe.tp, attention=recipe.attention,
-                    checkpointing=recipe.checkpointing,
-                    train_from=(spec.num_layers - recipe.freeze_trainable_layers
-                                if recipe.method == "freeze" else None))
+                    last=stage.index == recipe.parallelism.pp - 1, tp=recipe.parallelism.tp, attention=recipe.platform.attention,
+                    checkpointing=recipe.checkpointing.kind,
+                    train_from=(spec.num_layers - recipe.method.freeze_trainable_layers
+                                if recipe.method.kind == "freeze" else None))
     return simulate(g), g.param_grad_bytes

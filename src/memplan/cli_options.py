@@ -1,0 +1,75 @@
+"""CLI flags generated from the recipe's description (``memplan.recipe.describe``): one flag per
+recipe key, its help the field's docstring, its choices and default the field's own. Nothing is
+written here about any single field.
+
+Typer reads a command's options from its signature, so ``recipe_options`` gives the command a
+signature with the generated flags in place of its ``flags`` parameter, and hands the command
+the flags that were set, as a dict of recipe keys.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+from .recipe.describe import FieldInfo, describe_dataclass, describe_fields
+
+__all__ = ["recipe_options", "option_help", "host_option"]
+
+_TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool, "list": str}
+
+
+def option_help(info: FieldInfo) -> str:
+    """Help text of a flag: the docstring, the choices and the default."""
+    text = info.help
+    if info.choices and info.type == "str":
+        text += f" Choices: {' | '.join(info.choices)}."
+    default = info.default
+    if isinstance(default, bool):
+        default = "on" if default else "off"
+    elif isinstance(default, list):
+        default = ",".join(default)
+    return f"{text} [default: {default}]"
+
+
+def _parameter(info: FieldInfo, name: str | None = None) -> inspect.Parameter:
+    kind = _TYPES[info.type]
+    return inspect.Parameter(name or info.key, inspect.Parameter.KEYWORD_ONLY, default=None,
+                             annotation=Annotated[kind | None, typer.Option(help=option_help(info))])
+
+
+def host_option(key: str) -> Any:
+    """A ``typer.Option`` for one ``HostSetup`` field, its help from the field's docstring."""
+    from .host.setup import HostSetup
+
+    info = next(i for i in describe_dataclass(HostSetup, "host") if i.key == key)
+    return typer.Option(help=option_help(info))
+
+
+def recipe_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Give a command one flag per recipe key; it receives them as ``flags`` (those set)."""
+    sig = inspect.signature(fn, eval_str=True)
+    infos = describe_fields()
+    names = [i.key for i in infos]
+    shared = [_parameter(i) for i in infos]
+    own = [p for p in sig.parameters.values() if p.name != "flags"]
+    cut = next((i for i, p in enumerate(own) if p.name == "recipe"), len(own))
+    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.default is not p.empty
+              else p for p in own[:cut]] + shared + [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[cut:]]
+
+    @functools.wraps(fn)
+    def wrapper(**kwargs: Any) -> Any:
+        flags = {n: kwargs.pop(n) for n in names if kwargs.get(n) is not None}
+        for n in names:
+            kwargs.pop(n, None)
+        return fn(**kwargs, flags=flags)
+
+    del wrapper.__wrapped__
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper

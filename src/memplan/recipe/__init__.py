@@ -1,0 +1,249 @@
+"""``Recipe``: how a model is trained, composed of frozen parts (``recipe.parts``): precision,
+optimizer, fine-tuning method, batch shape, parallelism, checkpointing, offload, loss and
+platform. Each part validates its own fields; the recipe checks the combinations. Every problem
+is reported at once, with its fix.
+
+A planner varies one part without touching the others::
+
+    from dataclasses import replace
+    wider = replace(recipe, parallelism=replace(recipe.parallelism, tp=8))
+
+A recipe is also a flat table of keys (each field's CLI flag, with underscores): that is its
+TOML and JSON form (``recipe.io``), and a part's table (``[parallelism]``) is accepted too.
+The engine (DeepSpeed / FSDP / Megatron settings) and the training-loop parts of later issues
+join as further fields of ``Recipe``, and appear in the flat table, the CLI and
+``describe_fields`` by being added to ``PARTS``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from ..errors import ConfigError, Problems, did_you_mean
+from .check import field_key
+from .io import read_recipe_file, read_recipe_toml, to_toml
+from .parts import (
+    PARTS,
+    Attention,
+    Batch,
+    Checkpointing,
+    CheckpointingKind,
+    DeviceKind,
+    GradDtype,
+    Loss,
+    LossKind,
+    Method,
+    MethodKind,
+    Offload,
+    OffloadKind,
+    Optimizer,
+    OptimizerKind,
+    Parallelism,
+    Platform,
+    Precision,
+    PrecisionKind,
+    Quant,
+)
+
+__all__ = [
+    "Recipe", "Precision", "Optimizer", "Method", "Batch", "Parallelism", "Checkpointing",
+    "Offload", "Loss", "Platform", "PrecisionKind", "OptimizerKind", "MethodKind", "Quant",
+    "CheckpointingKind", "Attention", "LossKind", "OffloadKind", "DeviceKind", "GradDtype",
+    "PARTS", "KEYS", "PRECISIONS", "OPTIMIZERS", "METHODS", "QUANTS", "OFFLOADS",
+    "read_recipe_toml", "read_recipe_file",
+]
+
+PRECISIONS = tuple(str(c) for c in PrecisionKind)
+OPTIMIZERS = tuple(str(c) for c in OptimizerKind)
+METHODS = tuple(str(c) for c in MethodKind)
+QUANTS = tuple(str(c) for c in Quant)
+OFFLOADS = tuple(str(c) for c in OffloadKind)
+
+KEYS: dict[str, tuple[str, str]] = {
+    field_key(f): (part, f.name) for part, cls in PARTS.items() for f in fields(cls)}
+"""Flat key -> (part attribute, field name), in table order."""
+_DERIVED = ("dp",)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Recipe:
+    """A training configuration: one frozen part per concern."""
+
+    precision: Precision = field(default_factory=Precision)
+    """Numeric formats of weights, compute and gradients."""
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    """The optimizer."""
+    method: Method = field(default_factory=Method)
+    """What trains: full, LoRA, QLoRA, or the last layers."""
+    batch: Batch = field(default_factory=Batch)
+    """Micro-batch, sequence length and gradient accumulation."""
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    """GPUs and how the job is split over them."""
+    checkpointing: Checkpointing = field(default_factory=Checkpointing)
+    """Activation checkpointing."""
+    offload: Offload = field(default_factory=Offload)
+    """Where model states go when not on the GPU."""
+    loss: Loss = field(default_factory=Loss)
+    """How the cross-entropy is computed."""
+    platform: Platform = field(default_factory=Platform)
+    """Device kind, attention kernel and allocator setting."""
+    notes: tuple[str, ...] = field(default=(), compare=False)
+    """Free-form remarks carried into the report."""
+
+    def __post_init__(self) -> None:
+        p = Problems()
+        for name, cls in PARTS.items():
+            if not isinstance(getattr(self, name), cls):
+                p.add(f"recipe.{name} must be a {cls.__name__}, got {getattr(self, name)!r}.")
+        if isinstance(self.notes, (list, str)):
+            object.__setattr__(self, "notes", _as_notes(self.notes))
+        p.raise_if_any()
+        self._check_combinations(p)
+        p.raise_if_any()
+
+    def _check_combinations(self, p: Problems) -> None:
+        m, par, off = self.method, self.parallelism, self.offload.kind
+        if m.kind == "qlora" and m.quant == "none":
+            p.add("method=qlora needs a quantized base: set quant to nf4, nf4-dq or int8 "
+                  "(QLoRA's default is nf4-dq), or use method=lora.")
+        if m.kind != "qlora" and m.quant != "none":
+            p.add(f"quant={m.quant} only applies to method=qlora: quantized base weights are "
+                  "frozen, so full/freeze training cannot update them. Use method=qlora or "
+                  "quant=none.")
+        model_parallel = par.tp * par.pp * par.cp
+        if par.gpus % model_parallel:
+            p.add(f"gpus={par.gpus} is not divisible by tp*pp*cp={model_parallel}; "
+                  "data parallelism needs whole replicas. Change gpus or the parallel degrees.")
+        elif (par.dp * par.cp) % par.ep:
+            p.add(f"ep={par.ep} must divide dp*cp={par.dp * par.cp} (experts are spread over "
+                  "data-parallel ranks, as in Megatron-Core). Lower ep or add GPUs.")
+        if par.hybrid_shard:
+            if par.zero != 3:
+                p.add("hybrid_shard needs zero=3 (FSDP HYBRID_SHARD shards parameters).")
+            elif par.dp % par.hybrid_shard:
+                p.add(f"hybrid_shard={par.hybrid_shard} must divide the data-parallel size "
+                      f"dp={par.dp}.")
+        if par.sequence_parallel and par.tp == 1:
+            p.add("sequence_parallel needs tensor parallelism (tp > 1): it splits the sequence "
+                  "over the TP ranks. Set tp or drop sequence_parallel.")
+        if par.pp_virtual > 1 and par.pp == 1:
+            p.add(f"pp_virtual={par.pp_virtual} needs pipeline parallelism (pp > 1): the "
+                  "interleaved schedule splits each pipeline rank's layers into chunks.")
+        if off == "optimizer" and par.zero == 0:
+            p.add("offload=optimizer needs zero>=1 (ZeRO-Offload partitions the optimizer "
+                  "before moving it to the host). Set zero to 1, 2 or 3.")
+        if off in ("params+optimizer", "nvme") and par.zero != 3:
+            p.add(f"offload={off} needs zero=3 (only ZeRO-3/FSDP can keep parameters "
+                  "off the GPU between uses).")
+        if off != "none" and self.platform.device == "cpu":
+            p.add("offload moves GPU memory to the host; it has no meaning with device=cpu.")
+        if self.precision.kind == "fp8-mixed" and self.platform.device == "cpu":
+            p.add("precision=fp8-mixed needs FP8 tensor cores (Hopper or newer); use "
+                  "device=cuda.")
+
+    # ---- derived values -------------------------------------------------------------------
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step over the job: micro_batch x grad_accum x dp."""
+        return self.batch.micro_batch * self.batch.grad_accum * self.parallelism.dp
+
+    # ---- the flat table (TOML / JSON / CLI) -------------------------------------------------
+
+    @classmethod
+    def of(cls, **values: Any) -> Recipe:
+        """A recipe from flat keys: ``Recipe.of(tp=2, zero=3)``."""
+        return cls.from_dict(values)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, where: str = "recipe") -> Recipe:
+        """Build from a flat table of keys (TOML, JSON, CLI) or part tables
+        (``{"parallelism": {"tp": 2}}``); every problem is reported at once, unknown keys with
+        close matches. Derived keys (``dp``) are accepted when they agree."""
+        p = Problems()
+        per_part: dict[str, dict[str, Any]] = {name: {} for name in PARTS}
+        notes: Any = ()
+        derived: dict[str, Any] = {}
+        for key, value in data.items():
+            name = key.replace("-", "_")
+            if name in PARTS and isinstance(value, dict):
+                for k, v in value.items():
+                    _place(p, per_part, f"{where} [{name}]", k.replace("-", "_"), v, only=name)
+            elif name == "notes":
+                notes = value
+            elif name in _DERIVED:
+                derived[name] = value
+            else:
+                _place(p, per_part, where, name, value)
+        parts: dict[str, Any] = {}
+        for name, cls_ in PARTS.items():
+            try:
+                parts[name] = cls_(**per_part[name])
+            except ConfigError as e:
+                for msg in e.problems:
+                    p.add(msg)
+        p.raise_if_any()
+        recipe = cls(**parts, notes=_as_notes(notes))
+        if "dp" in derived and derived["dp"] != recipe.parallelism.dp:
+            raise ConfigError([f"{where}: dp={derived['dp']!r} disagrees with gpus/(tp*pp*cp)"
+                               f"={recipe.parallelism.dp}; dp is derived, drop it."])
+        return recipe
+
+    def with_keys(self, **values: Any) -> Recipe:
+        """This recipe with some flat keys changed (``recipe.with_keys(tp=2, zero=3)``); only
+        the parts those keys belong to are rebuilt."""
+        per_part: dict[str, dict[str, Any]] = {}
+        p = Problems()
+        for key, value in values.items():
+            hit = KEYS.get(key)
+            if hit is None:
+                p.add(f"unknown recipe key {key!r}.{did_you_mean(key, list(KEYS))}")
+            else:
+                per_part.setdefault(hit[0], {})[hit[1]] = value
+        p.raise_if_any()
+        return replace(self, **{part: replace(getattr(self, part), **kw)
+                                for part, kw in per_part.items()})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The flat table (plain values) plus the derived ``dp``; ``from_dict`` inverts it."""
+        d: dict[str, Any] = {}
+        for key, (part, name) in KEYS.items():
+            v = getattr(getattr(self, part), name)
+            d[key] = list(v) if isinstance(v, tuple) else (str(v) if isinstance(v, str) else v)
+        d["notes"] = list(self.notes)
+        d["dp"] = self.parallelism.dp
+        return d
+
+    @classmethod
+    def from_file(cls, path: Any, overrides: dict[str, Any] | None = None) -> Recipe:
+        """A recipe TOML or JSON file (its ``[host]`` table belongs to ``HostSetup``), with
+        ``overrides`` (CLI flags) on top, validated once after merging."""
+        data = read_recipe_file(path)
+        data.pop("host", None)
+        return cls.from_dict({**data, **(overrides or {})}, where=str(path))
+
+    def to_toml(self) -> str:
+        """The recipe as TOML text (flat keys; ``from_dict(tomllib.loads(...))`` inverts it)."""
+        return to_toml(self)
+
+
+def _place(p: Problems, per_part: dict[str, dict[str, Any]], where: str, name: str,
+           value: Any, only: str | None = None) -> None:
+    hit = KEYS.get(name)
+    if hit is None and only is not None:  # a part table may also use the field's own name
+        hit = next(((only, f.name) for f in fields(PARTS[only]) if f.name == name), None)
+    if hit is None or (only is not None and hit[0] != only):
+        names = list(KEYS) + ["notes"] if only is None else [
+            k for k, (part, _) in KEYS.items() if part == only]
+        p.add(f"{where}: unknown key {name!r}.{did_you_mean(name, names)}")
+        return
+    per_part[hit[0]][hit[1]] = value
+
+
+def _as_notes(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return tuple(v.strip() for v in value.split(",") if v.strip())
+    if isinstance(value, (list, tuple)):
+        return tuple(str(v) for v in value)
+    raise ConfigError([f"notes: expected a list or comma-separated string, got {value!r}"])

@@ -1,0 +1,111 @@
+"""Field checks shared by every recipe part, driven by the field's type and metadata.
+
+A value of the wrong type or out of its bounds is a problem naming the key, the rule and the
+fix; a choice that is not a member of its ``StrEnum`` gets close matches. Strings are turned
+into enum members and comma lists into tuples, so a part built from TOML, JSON or CLI strings
+equals one built in Python.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import fields
+from enum import StrEnum
+from functools import cache
+from typing import Any
+
+from ..errors import Problems, did_you_mean
+
+__all__ = ["check_part", "field_key", "field_types", "part_problems"]
+
+
+@cache
+def field_types(cls: type) -> dict[str, Any]:
+    """The resolved annotation of each field of ``cls``."""
+    return typing.get_type_hints(cls)
+
+
+def field_key(f: Any) -> str:
+    """A field's TOML key and CLI flag name (``metadata["key"]``, else its name)."""
+    return str(f.metadata.get("key", f.name))
+
+
+def part_problems(part: Any) -> list[str]:
+    """Check and normalise every field of ``part`` in place; return the problems found."""
+    p = Problems()
+    hints = field_types(type(part))
+    for f in fields(part):
+        key = field_key(f)
+        value = getattr(part, f.name)
+        kind = hints[f.name]
+        new = _check(p, key, kind, value, f.metadata)
+        if new is not value:
+            object.__setattr__(part, f.name, new)
+    return list(p.items)
+
+
+def check_part(part: Any) -> None:
+    """Raise one ``ConfigError`` listing every problem of ``part``."""
+    p = Problems()
+    for msg in part_problems(part):
+        p.add(msg)
+    p.raise_if_any()
+
+
+def _check(p: Problems, key: str, kind: Any, value: Any, meta: Any) -> Any:
+    if isinstance(kind, type) and issubclass(kind, StrEnum):
+        if isinstance(value, kind):
+            return value
+        choices = [str(c) for c in kind]
+        if isinstance(value, str) and value in choices:
+            return kind(value)
+        p.choice(key, value, choices)
+        return value
+    if kind is bool:
+        if not isinstance(value, bool):
+            p.add(f"{key}={value!r} must be true or false.")
+        return value
+    if kind is int or kind is float:
+        ok = isinstance(value, int) or (kind is float and isinstance(value, float))
+        if not ok or isinstance(value, bool):
+            what = "a whole number" if kind is int else "a number"
+            p.add(f"{key}={value!r} must be {what}{_bounds_text(meta)}.")
+            return value
+        lo, hi = meta.get("min"), meta.get("max")
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            what = "a whole number" if kind is int else "a number"
+            p.add(f"{key}={value!r} must be {what}{_bounds_text(meta)}.")
+        return value
+    if typing.get_origin(kind) is tuple:
+        return _check_names(p, key, value, meta.get("choices"))
+    raise AssertionError(f"recipe field {key} has an unsupported type {kind!r}")
+
+
+def _bounds_text(meta: Any) -> str:
+    lo, hi = meta.get("min"), meta.get("max")
+    if lo is not None and hi is not None:
+        return f" from {lo} to {hi}"
+    if lo is not None:
+        return f" >= {lo}"
+    return ""
+
+
+def _check_names(p: Problems, key: str, value: Any, choices: tuple[str, ...] | None) -> Any:
+    if isinstance(value, str):
+        value = tuple(v.strip() for v in value.split(",") if v.strip())
+    elif isinstance(value, list):
+        value = tuple(str(v) for v in value)
+    elif not isinstance(value, tuple):
+        p.add(f"{key}={value!r}: expected a list or a comma-separated string.")
+        return value
+    if choices is None:
+        return value
+    if value in (("all-linear",), ("all",)):
+        return tuple(choices)
+    for t in value:
+        if t not in choices:
+            p.add(f"{key}: {t!r} is not one of {', '.join(choices)} (or 'all-linear')."
+                  f"{did_you_mean(t, choices)}")
+    if not value:
+        p.add(f"{key} is empty; name at least one of {','.join(choices)}.")
+    return value

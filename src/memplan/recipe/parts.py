@@ -1,0 +1,306 @@
+"""The parts a ``Recipe`` is composed of: frozen, keyword-only, one concern each.
+
+Every field carries a docstring (it becomes the CLI help and the web form's label), its choices
+are a ``StrEnum``, and numeric bounds sit in the field's ``metadata`` (``min``/``max``). A
+field's *key* (its TOML key and CLI flag) is its name, or ``metadata["key"]`` for the part's
+main field (``Precision.kind`` is ``precision``). Keys are unique across parts, so a recipe is
+also a flat table of keys.
+
+Each part checks its own fields (``check_part``) and reports every problem at once; checks that
+span parts (``qlora`` needs a quantised base, offload needs ZeRO...) live in ``Recipe``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from ..model.spec import LORA_TARGETS
+from .check import check_part
+
+__all__ = [
+    "PrecisionKind", "GradDtype", "OptimizerKind", "MethodKind", "Quant", "AdapterDtype",
+    "CheckpointingKind", "Attention", "LossKind", "OffloadKind", "DeviceKind",
+    "Precision", "Optimizer", "Method", "Batch", "Parallelism", "Checkpointing", "Offload",
+    "Loss", "Platform", "PARTS",
+]
+
+
+class PrecisionKind(StrEnum):
+    """Lightning's precision names."""
+
+    FP32 = "32-true"
+    FP16_MIXED = "16-mixed"
+    BF16_MIXED = "bf16-mixed"
+    FP16_TRUE = "16-true"
+    BF16_TRUE = "bf16-true"
+    FP8_MIXED = "fp8-mixed"
+
+
+class GradDtype(StrEnum):
+    AUTO = "auto"
+    FP32 = "fp32"
+
+
+class OptimizerKind(StrEnum):
+    ADAMW = "adamw"
+    ADAM = "adam"
+    SGD = "sgd"
+    SGD_MOMENTUM = "sgd-momentum"
+    ADAFACTOR = "adafactor"
+    LION = "lion"
+    ADAMW_8BIT = "adamw-8bit"
+    PAGED_ADAMW = "paged-adamw"
+    PAGED_ADAMW_8BIT = "paged-adamw-8bit"
+
+
+class MethodKind(StrEnum):
+    FULL = "full"
+    LORA = "lora"
+    QLORA = "qlora"
+    FREEZE = "freeze"
+
+
+class Quant(StrEnum):
+    NONE = "none"
+    NF4 = "nf4"
+    NF4_DQ = "nf4-dq"
+    INT8 = "int8"
+
+
+class AdapterDtype(StrEnum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
+class CheckpointingKind(StrEnum):
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+class Attention(StrEnum):
+    EAGER = "eager"
+    SDPA = "sdpa"
+    FLASH = "flash"
+
+
+class LossKind(StrEnum):
+    STANDARD = "standard"
+    CHUNKED = "chunked"
+    FUSED = "fused"
+
+
+class OffloadKind(StrEnum):
+    NONE = "none"
+    OPTIMIZER = "optimizer"
+    PARAMS_OPTIMIZER = "params+optimizer"
+    NVME = "nvme"
+
+
+class DeviceKind(StrEnum):
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+def _key(name: str, **bounds: float) -> dict[str, object]:
+    return {"key": name, **bounds}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Precision:
+    """Numeric formats of weights, compute and gradients."""
+
+    kind: PrecisionKind = field(default=PrecisionKind.BF16_MIXED, metadata=_key("precision"))
+    """``32-true``; ``16-mixed``/``bf16-mixed`` (16-bit compute, fp32 master weights);
+    ``16-true``/``bf16-true`` (everything in 16-bit); ``fp8-mixed`` (Transformer Engine FP8
+    GEMMs)."""
+    grad_dtype: GradDtype = GradDtype.AUTO
+    """``auto``: gradients in the parameters' dtype; ``fp32``: fp32 gradient accumulation
+    buffers for 16-bit parameters (Megatron's ``main_grad``)."""
+
+    def __post_init__(self) -> None:
+        check_part(self)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Optimizer:
+    """The optimizer (its states and step temporaries come from the optimizer table)."""
+
+    kind: OptimizerKind = field(default=OptimizerKind.ADAMW, metadata=_key("optimizer"))
+    """Optimizer; ``*-8bit`` and ``paged-*`` are the bitsandbytes optimizers."""
+
+    def __post_init__(self) -> None:
+        check_part(self)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Method:
+    """What trains: every weight, LoRA adapters (on a quantised base for QLoRA), or the last
+    layers."""
+
+    kind: MethodKind = field(default=MethodKind.FULL, metadata=_key("method"))
+    """``full`` fine-tuning / pre-training, ``lora``, ``qlora`` (quantized frozen base + LoRA),
+    ``freeze`` (train only the last ``freeze_trainable_layers`` layers)."""
+    lora_rank: int = field(default=16, metadata={"min": 1})
+    """LoRA rank r: each adapted linear (out x in) gains r x (in + out) trainable parameters."""
+    lora_alpha: int = 32
+    """LoRA scaling numerator; recorded for completeness, it does not change memory."""
+    lora_targets: tuple[str, ...] = field(default=LORA_TARGETS,
+                                          metadata={"choices": LORA_TARGETS})
+    """Which linears get adapters: comma list of ``q,k,v,o,gate,up,down`` (``all-linear`` =
+    all)."""
+    adapter_dtype: AdapterDtype = AdapterDtype.FP32
+    """dtype of LoRA weights. PEFT keeps adapters in fp32 by default
+    (``autocast_adapter_dtype``)."""
+    quant: Quant = Quant.NONE
+    """Storage of the frozen base under ``qlora``: ``nf4``, ``nf4-dq`` (double-quantized
+    scales, QLoRA's default), ``int8`` (LLM.int8). ``none`` for every other method."""
+    freeze_trainable_layers: int = field(default=2, metadata={"min": 1})
+    """With ``method = freeze``: how many last layers train (LLaMA-Factory's default is 2)."""
+
+    def __post_init__(self) -> None:
+        check_part(self)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Batch:
+    """The shape of the data one GPU sees per step (the global batch is derived:
+    ``Recipe.global_batch``)."""
+
+    micro_batch: int = field(default=1, metadata={"min": 1})
+    """Sequences per GPU per forward/backward."""
+    seq_len: int = field(default=2048, metadata={"min": 1})
+    """Tokens per sequence."""
+    grad_accum: int = field(default=1, metadata={"min": 1})
+    """Micro-batches accumulated before each optimizer step."""
+
+    def __post_init__(self) -> None:
+        check_part(self)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Parallelism:
+    """How the job is split over GPUs. The data-parallel size is derived:
+    ``gpus / (tp * pp * cp)``."""
+
+    gpus: int = field(default=1, metadata={"min": 1})
+    """GPUs in the job (world size)."""
+    gpus_per_node: int = field(default=0, metadata={"min": 0})
+    """GPUs per node; 0 means min(gpus, 8) (or the --node preset's count)."""
+    zero: int = field(default=0, metadata={"min": 0, "max": 3})
+    """ZeRO stage over the data-parallel group: 0 (DDP), 1 (optimizer states sharded),
+    2 (+ gradients), 3 (+ parameters; FSDP full shard)."""
+    hybrid_shard: int = field(default=0, metadata={"min": 0})
+    """FSDP hybrid shard / ZeRO++ hpZ: shard within groups of this many ranks (0 = all of
+    DP)."""
+    tp: int = field(default=1, metadata={"min": 1})
+    """Tensor-parallel degree (Megatron column/row splits; must divide attention and kv
+    heads)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism: with tp > 1, norms, dropout and residual activations are
+    split over the TP ranks along the sequence (Korthikanti et al. 2022, arXiv 2205.05198,
+    §4.2.2)."""
+    pp: int = field(default=1, metadata={"min": 1})
+    """Pipeline-parallel stages."""
+    pp_virtual: int = field(default=1, metadata={"min": 1})
+    """Model chunks per pipeline rank (Megatron ``--num-layers-per-virtual-pipeline-stage``):
+    1 is the plain 1F1B schedule, more is the interleaved schedule (smaller bubble, more
+    activations in flight)."""
+    cp: int = field(default=1, metadata={"min": 1})
+    """Context-parallel degree (sequence split across ranks for attention)."""
+    ep: int = field(default=1, metadata={"min": 1})
+    """Expert-parallel degree (MoE experts split across ranks)."""
+    moe_capacity_factor: float = field(default=0.0, metadata={"min": 0})
+    """MoE expert capacity as a multiple of the balanced share ``tokens x top_k / experts``,
+    inputs padded to it (GShard; Megatron ``--moe-expert-capacity-factor`` with
+    ``--moe-pad-expert-input-to-capacity``). 0: dropless, every routed token once."""
+
+    def __post_init__(self) -> None:
+        check_part(self)
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel size: gpus / (tp * pp * cp)."""
+        return max(1, self.gpus // (self.tp * self.pp * self.cp))
+
+    @property
+    def shard_degree(self) -> int:
+        """Ranks over which ZeRO/FSDP shards dense states: dp*cp (Megatron shards the
+        distributed optimizer over DP x CP), or the hybrid-shard group size."""
+        return self.hybrid_shard or self.dp * self.cp
+
+    @property
+    def expert_shard_degree(self) -> int:
+        """Ranks over which ZeRO shards expert states: the expert-data-parallel size
+        dp*cp/ep."""
+        return max(1, self.shard_degree // self.ep)
+
+    @property
+    def local_gpus(self) -> int:
+        """GPUs on one node."""
+        return self.gpus_per_node or min(self.gpus, 8)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Checkpointing:
+    """Activation checkpointing (recomputation in the backward)."""
+
+    kind: CheckpointingKind = field(default=CheckpointingKind.NONE,
+                                    metadata=_key("checkpointing"))
+    """Activation checkpointing: ``none``, ``selective`` (attention recomputed), ``full``
+    (per layer)."""
+
+    def __post_init__(self) -> None:
+        check_part(self)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Offload:
+    """Where model states live when they are not on the GPU."""
+
+    kind: OffloadKind = field(default=OffloadKind.NONE, metadata=_key("offload"))
+    """``optimizer`` (ZeRO-Offload: states and fp32 master on the host), ``params+optimizer``
+    (ZeRO-3 / FSDP CPU offload), ``nvme`` (ZeRO-Infinity: states and params on NVMe)."""
+
+    def __post_init__(self) -> None:
+        check_part(self)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Loss:
+    """How the cross-entropy of a causal LM is computed."""
+
+    kind: LossKind = field(default=LossKind.STANDARD, metadata=_key("loss"))
+    """Cross-entropy of causal LMs: ``standard`` (HF ``ForCausalLMLoss``: full fp32 logits),
+    ``chunked`` (torchtune ``CEWithChunkedOutputLoss``: output projection and fp32 upcast in 8
+    sequence chunks), ``fused`` (Liger ``LigerFusedLinearCrossEntropyLoss``: logits never
+    materialised, gradients computed in the forward)."""
+
+    def __post_init__(self) -> None:
+        check_part(self)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Platform:
+    """The device, its attention kernel and its allocator."""
+
+    device: DeviceKind = DeviceKind.CUDA
+    """``cuda``, or ``cpu`` to compare with CPU runs (no CUDA context, workspaces or NCCL)."""
+    attention: Attention = Attention.SDPA
+    """Attention kernel: ``eager`` (materialises scores), ``sdpa``, ``flash``."""
+    expandable_segments: bool = False
+    """``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``: the caching allocator maps memory
+    in pages on demand, which removes most of its fragmentation (PyTorch default: off)."""
+
+    def __post_init__(self) -> None:
+        check_part(self)
+
+
+PARTS: dict[str, type] = {
+    "precision": Precision, "optimizer": Optimizer, "method": Method, "batch": Batch,
+    "parallelism": Parallelism, "checkpointing": Checkpointing, "offload": Offload,
+    "loss": Loss, "platform": Platform,
+}
+"""The parts of a ``Recipe``, by attribute name, in the order of the flat table."""

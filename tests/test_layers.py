@@ -1,0 +1,144 @@
+"""memplan's layers, enforced: every import between memplan's packages (function-local and
+``TYPE_CHECKING`` ones included, read with ``ast``) must point down the declared order
+(STYLE.md §3.2, "Dependency rule"). An arrow up or sideways fails, unless it is in
+``ALLOWED``, which records today's known exceptions with the change that removes each; an
+allowance that is no longer used fails too, so the list only shrinks.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "memplan"
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "units"),
+    ("model", "hardware", "catalog"),
+    ("recipe",),
+    ("breakdown",),
+    # the analytic models and the torch side, side by side; none imports another
+    ("estimate", "host", "timing", "runtime", "trace", "measure"),
+    ("system",),
+    ("report", "validate"),
+    ("api", "cli_options"),
+    ("cli", "__init__"),
+    ("__main__",),
+)
+"""Lowest first. A package may import its own modules and any package of a lower layer."""
+
+ALLOWED: dict[tuple[str, str], str] = {
+    ("breakdown", "host"): "HostEstimate/NvmeEstimate: move down to the results module "
+                           "(issue #10 step 3)",
+    ("breakdown", "timing"): "TimeEstimate: move down to the results module (issue #10 step 3)",
+    ("host", "estimate"): "dtype rules of estimate/precision.py: move to the facts data file "
+                          "(issue #10 step 4)",
+    ("timing", "estimate"): "dtype rules and layout: move to the facts data file (step 4)",
+    ("timing", "host"): "HostSetup/NodeHardware and host constants: facts file (step 4)",
+    ("trace", "estimate"): "the tracer reads the estimate's dtype rules (step 4)",
+    ("trace", "measure"): "torch runtime split, owned by the runtime helper (issue #10 item 4)",
+    ("measure", "trace"): "torch runtime split, owned by the runtime helper (issue #10 item 4)",
+    ("measure", "report"): "measure renders its PNG through report.plot; torch runtime split "
+                           "(issue #10 item 4)",
+}
+"""(from, to) -> why it is still there and what removes it."""
+
+NO_TORCH_AT_IMPORT = ("errors", "units", "model", "hardware", "recipe", "breakdown", "estimate",
+                      "host", "timing", "system", "report", "api", "cli_options", "cli")
+"""Packages that must not import torch at module level (``memplan estimate`` starts fast)."""
+
+MAX_LINES = 420
+TOO_LONG_ALLOWED = {"measure/live.py": "torch runtime split (issue #10 item 4)",
+                    "measure/loop.py": "torch runtime split (issue #10 item 4)"}
+
+
+def _unit(path: Path) -> tuple[str, list[str]]:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    pkg = parts[:-1]
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return (parts[1] if len(parts) > 1 else "__init__"), pkg
+
+
+def _imports(path: Path) -> set[str]:
+    """memplan packages that ``path`` imports anywhere in its body."""
+    unit, pkg = _unit(path)
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = pkg[:len(pkg) - node.level + 1] if node.level else []
+            mod = base + (node.module.split(".") if node.module else [])
+            targets = [mod + [a.name] for a in node.names] if not node.module else [mod]
+        elif isinstance(node, ast.Import):
+            targets = [a.name.split(".") for a in node.names]
+        else:
+            continue
+        out.update(t[1] for t in targets if t[0] == "memplan" and len(t) > 1 and t[1] != unit)
+    return out
+
+
+def _layer_of(unit: str) -> int:
+    for i, names in enumerate(LAYERS):
+        if unit in names:
+            return i
+    raise AssertionError(f"memplan.{unit} has no layer: add it to LAYERS in {__file__}")
+
+
+def _edges() -> dict[tuple[str, str], list[str]]:
+    edges: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        unit, _ = _unit(path)
+        for target in _imports(path):
+            edges.setdefault((unit, target), []).append(str(path.relative_to(SRC)))
+    return edges
+
+
+def test_every_arrow_points_down():
+    bad = []
+    for (src, dst), files in sorted(_edges().items()):
+        if _layer_of(dst) >= _layer_of(src) and (src, dst) not in ALLOWED:
+            way = "sideways" if _layer_of(dst) == _layer_of(src) else "up"
+            bad.append(f"memplan.{src} -> memplan.{dst} goes {way} ({', '.join(files)})")
+    assert not bad, "imports against the layer order:\n" + "\n".join(bad)
+
+
+def test_allowances_are_still_needed():
+    stale = sorted(set(ALLOWED) - set(_edges()))
+    assert not stale, f"remove these from ALLOWED, the arrows are gone: {stale}"
+
+
+def test_the_rule_catches_an_upward_import(tmp_path, monkeypatch):
+    """The checker itself: a function-local import of cli from estimate is reported."""
+    pkg = tmp_path / "memplan"
+    (pkg / "estimate").mkdir(parents=True)
+    (pkg / "estimate" / "x.py").write_text("def f():\n    from ..cli import app\n")
+    monkeypatch.setattr(__import__(__name__), "SRC", pkg)
+    assert _imports(pkg / "estimate" / "x.py") == {"cli"}
+
+
+def _module_level_torch(path: Path) -> bool:
+    tree = ast.parse(path.read_text())
+    for node in tree.body:  # module level only; `if TYPE_CHECKING:` blocks are not run
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module]
+        if any(n == "torch" or n.startswith("torch.") for n in names):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("unit", NO_TORCH_AT_IMPORT)
+def test_core_does_not_import_torch_at_module_level(unit):
+    files = [p for p in SRC.rglob("*.py") if _unit(p)[0] == unit]
+    assert files
+    assert not [str(p) for p in files if _module_level_torch(p)]
+
+
+def test_modules_stay_short():
+    long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert set(long) <= set(TOO_LONG_ALLOWED), f"split these modules by noun: {long}"
