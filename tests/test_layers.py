@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("system",),
     ("report", "validate"),
     ("api", "cli_options"),
+    ("web",),  # memplan serve: the page over api and report (issue #16)
     ("cli", "__init__"),
     ("__main__",),
 )
@@ -46,7 +47,7 @@ ALLOWED: dict[tuple[str, str], str] = {
 """(from, to) -> why it is still there and what removes it."""
 
 NO_TORCH_AT_IMPORT = ("errors", "units", "model", "hardware", "recipe", "breakdown", "estimate",
-                      "host", "timing", "system", "report", "api", "cli_options", "cli")
+                      "host", "timing", "system", "report", "api", "cli_options", "cli", "web")
 """Packages that must not import torch at module level (``memplan estimate`` starts fast)."""
 
 MAX_LINES = 420
