@@ -362,7 +362,7 @@ def report(
 def serve(
     host: Annotated[str, Opt(help="Address to bind (loopback unless you say otherwise).")
                     ] = "127.0.0.1",
-    port: Annotated[int, Opt(help="TCP port (0: any free one).")] = 8765,
+    port: Annotated[int, Opt(help="TCP port.")] = 8765,
 ) -> None:
     """A local page to plan a run: every recipe control, live updates, charts, comparisons."""
     from .web import serve as run_server
