@@ -60,6 +60,9 @@ def test_report_is_one_offline_file_with_charts_numbers_and_data(estimate_json):
     data = re.search(r'<script type="application/json" id="memplan-data">(.*?)</script>', html,
                      re.S).group(1)
     assert json.loads(data) == estimate_json
+    # every moment (per layer) is listed
+    timeline = estimate_json["gpu"]["per_rank"][0]["timeline"]
+    assert html.count('<tr data-moment=') == len(timeline)
 
 
 def test_measurement_against_estimate_shows_error_per_category(estimate_json):

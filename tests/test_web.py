@@ -193,3 +193,31 @@ def test_report_and_json_endpoints(client):
     bad = client.get("/api/estimate?model=nope")
     assert bad.status_code == 422 and "not in the catalog" in bad.json()["error"]
     assert client.get("/static/htmx.min.js").text.startswith("var htmx=")
+
+
+def test_the_page_never_imports_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom starlette.testclient import TestClient\n"
+            "from memplan.web import create_app\nc = TestClient(create_app())\n"
+            "assert c.get('/?model=meta-llama/Llama-3.2-1B').status_code == 200\n"
+            "assert c.get('/report?model=meta-llama/Llama-3.2-1B').status_code == 200\n"
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_cli_serve_binds_loopback_by_default(monkeypatch):
+    from typer.testing import CliRunner
+
+    import memplan.web
+    from memplan.cli import app
+
+    seen = {}
+    monkeypatch.setattr(memplan.web, "serve", lambda **kw: seen.update(kw))
+    r = CliRunner().invoke(app, ["serve", "--port", "9999"])
+    assert r.exit_code == 0, r.output
+    assert seen == {"host": "127.0.0.1", "port": 9999}
+    assert "http://127.0.0.1:9999/" in r.output
