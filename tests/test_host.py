@@ -45,7 +45,7 @@ def test_zero3_full_offload_matches_deepspeed_formula():
     CPU per node = 18 B x P / nodes x 1.5 safety factor (facts §2.1); memplan reports the
     18 B/param without the factor, as its own line."""
     b = _plan("meta-llama/Llama-3.1-8B", gpus=8, zero=3, offload="params+optimizer")
-    P = b.model["params"]
+    P = b.model.params
     assert b.host.categories["offloaded states"] == pytest.approx(18 * P, rel=1e-6)
     # sub-groups of <= 1e9 elements rounded to powers of two: 4 fp32 kinds + 16-bit params
     per_rank = math.ceil(P / 8)                  # 1.004e9 elements: two sub-groups
@@ -68,7 +68,7 @@ def test_load_modes_order_and_peak_moment():
 def test_nvme_offload_counts_swap_files_and_buffers():
     b = _plan("meta-llama/Llama-3.1-70B", gpus=8, zero=3, offload="nvme")
     assert b.nvme.lines[0].name == "ZeRO-Infinity swap files"
-    assert b.nvme.lines[0].bytes == pytest.approx(18 * b.model["params"], rel=1e-6)
+    assert b.nvme.lines[0].bytes == pytest.approx(18 * b.model.params, rel=1e-6)
     assert "NVMe swap buffers (pinned)" in b.host.categories
     assert b.nvme.fits is True
 

@@ -33,7 +33,7 @@ def test_lora_trainable_params_match_peft(model_id, targets, rank, h100):
     want = sum(p.numel() for p in lora.parameters() if p.requires_grad)
     b = estimate(load_model(model_id),
                  Recipe.of(method="lora", lora_rank=rank, lora_targets=targets), h100)
-    assert b.model["trainable_params"] == want
+    assert b.model.trainable_params == want
 
 
 def test_qlora_nf4_dq_bits_per_param():
@@ -55,7 +55,7 @@ def test_qlora_base_is_quantized_but_head_and_embedding_are_not(llama8b, h100):
     # only adapters have gradients and optimizer states; PEFT keeps adapters in fp32 by
     # default (autocast_adapter_dtype), and torch gives gradients and AdamW states that dtype.
     # (the gradients are all there once the backward is done: at the optimizer step)
-    trainable = b.model["trainable_params"]
+    trainable = b.model.trainable_params
     rank = b.ranks[0]
     step = max((m for m in rank.moments if m.phase is Phase.OPTIMIZER),
                key=lambda m: m.allocated_bytes)

@@ -56,7 +56,7 @@ def test_trace_timeline_has_layers_steps_and_module_owners():
     rows = {r["module"]: r for r in module_table(rank.peak_moment)}
     assert rows["model.layers.0"]["params"] == rows["model.layers.1"]["params"] > 0
     assert sum(r["total"] for r in rows.values()) == rank.peak_allocated_bytes
-    assert b.source == "trace" and b.model["params"] == 557696
+    assert b.source == "trace" and b.model.params == 557696
 
 
 def test_trace_of_a_catalog_model_uses_no_real_memory():
@@ -67,7 +67,7 @@ def test_trace_of_a_catalog_model_uses_no_real_memory():
     assert time.perf_counter() - t0 < 60
     rank = b.worst
     assert rank.peak_allocated_bytes > 10 * GIB
-    assert b.model["params"] == 494032768  # the catalog's exact count
+    assert b.model.params == 494032768  # the catalog's exact count
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
     assert grown < 1 * GIB
 

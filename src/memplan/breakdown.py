@@ -20,11 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # the host/time result types live above this layer (issue #5)
-    from .host.result import HostEstimate, NvmeEstimate
-    from .timing.result import TimeEstimate
+from .results import DeviceInfo, HostEstimate, ModelInfo, NvmeEstimate, TimeEstimate
 
 __all__ = ["Category", "Phase", "Step", "Pool", "Item", "Moment", "RankBreakdown", "Breakdown"]
 
@@ -287,12 +285,13 @@ class Breakdown:
 
     source: str
     """``estimate``, ``trace`` or ``measure``."""
-    model: dict[str, Any]
-    """``id``, ``params``, ``trainable_params`` and per-component counts."""
+    model: ModelInfo
+    """The model: id, parameter counts, layers, where it was read from."""
     recipe: dict[str, Any]
     """The recipe as given (after defaults), for the record."""
-    device: dict[str, Any]
-    """The GPU: name, capacity and the catalog row's source."""
+    device: DeviceInfo
+    """The GPU: name, capacity and the catalog row's source (and a measured run's allocator
+    counters)."""
     ranks: tuple[RankBreakdown, ...]
     max_micro_batch: int | None = None
     """Largest micro-batch that fits every rank with everything else unchanged (estimator
@@ -311,7 +310,7 @@ class Breakdown:
 
     @property
     def capacity_bytes(self) -> int:
-        return int(self.device["capacity_bytes"])
+        return self.device.capacity_bytes
 
     @property
     def headroom_bytes(self) -> int:
@@ -327,10 +326,10 @@ class Breakdown:
         worst = self.worst
         return {
             "source": self.source,
-            "model": self.model,
+            "model": self.model.to_dict(),
             "recipe": self.recipe,
             "gpu": {
-                **self.device,
+                **self.device.to_dict(),
                 "per_rank": [r.to_dict() for r in self.ranks],
                 "peak_allocated_bytes": max(r.peak_allocated_bytes for r in self.ranks),
                 "first_step_peak_allocated_bytes": max(r.first_step_peak_allocated_bytes
@@ -357,10 +356,8 @@ class Breakdown:
                         "steady_peak_allocated_bytes", "peak_reserved_bytes",
                         "device_total_bytes", "headroom_bytes", "fits"):
             gpu.pop(derived, None)
-        from .host.result import HostEstimate, NvmeEstimate
-        from .timing.result import TimeEstimate
-
-        return cls(source=d["source"], model=d["model"], recipe=d["recipe"], device=gpu,
+        return cls(source=d["source"], model=ModelInfo.from_dict(d["model"]), recipe=d["recipe"],
+                   device=DeviceInfo.from_dict(gpu),
                    ranks=ranks, max_micro_batch=mmb,
                    host=HostEstimate.from_dict(d["host"]) if d.get("host") else None,
                    nvme=NvmeEstimate.from_dict(d["nvme"]) if d.get("nvme") else None,

@@ -23,6 +23,6 @@ def with_host_and_time(b: Breakdown, model: ModelSpec, recipe: Recipe, device: D
         return b
     setup = setup or HostSetup()
     host, nvme = estimate_host(b, model, recipe, hw, setup)
-    trainable = int(b.model.get("trainable_params", model.num_params))
+    trainable = b.model.trainable_params
     time = estimate_time(model, recipe, device, hw, setup, trainable)
     return replace(b, host=host, nvme=nvme, time=time)

@@ -12,6 +12,7 @@ from ..breakdown import Breakdown, Category, Item, Phase, Pool, RankBreakdown
 from ..hardware import Device
 from ..model.spec import ModelSpec
 from ..recipe import Offload, Parallelism, Recipe
+from ..results import ModelInfo
 from .checks import check_compatible
 from .layout import Stage, layout
 from .model_states import model_state_items
@@ -136,18 +137,12 @@ def estimate(model: ModelSpec, recipe: Recipe, device: Device, *,
     mmb = max_micro_batch(model, recipe, device) if search_micro_batch else None
     return Breakdown(
         source="estimate",
-        model={
-            "id": model.id,
-            "model_type": model.model_type,
-            "params": model.num_params,
-            "trainable_params": _trainable(model, recipe),
-            "params_by_component": model.params_by_component(),
-            "layers": model.num_layers,
-            "source": model.source,
-            "notes": list(model.notes),
-        },
+        model=ModelInfo(id=model.id, model_type=model.model_type, params=model.num_params,
+                        trainable_params=_trainable(model, recipe),
+                        params_by_component=model.params_by_component(),
+                        layers=model.num_layers, source=model.source, notes=model.notes),
         recipe=recipe.to_dict(),
-        device=device.to_dict(),
+        device=device.info(),
         ranks=ranks,
         max_micro_batch=mmb,
     )

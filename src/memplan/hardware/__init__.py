@@ -13,6 +13,7 @@ from importlib import resources
 from typing import Any
 
 from ..errors import UnknownDevice, did_you_mean
+from ..results import DeviceInfo
 from ..units import GB, MIB
 
 __all__ = ["Device", "devices", "get_device", "cpu_device"]
@@ -57,6 +58,13 @@ class Device:
     @property
     def hopper_or_newer(self) -> bool:
         return self.arch in ("hopper", "blackwell")
+
+    def info(self) -> DeviceInfo:
+        """The result-side description of this device (``Breakdown.device``)."""
+        return DeviceInfo(name=self.name, vendor=self.vendor, arch=self.arch,
+                          memory_gb=self.memory_gb, capacity_bytes=self.capacity_bytes,
+                          hbm_gb_per_s=self.hbm_gb_per_s, tflops=self.tflops or {},
+                          interconnect=self.interconnect, source=self.source)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -3,7 +3,7 @@ rounding, local NVMe (swap and checkpoints). See ``plan.estimate_host``."""
 
 from .hardware import NodeHardware, node_hardware, parse_size
 from .plan import RULE_OF_THUMB, estimate_host
-from .result import HostEstimate, HostLine, NvmeEstimate
+from ..results import HostEstimate, HostLine, NvmeEstimate
 from .setup import HostSetup
 
 __all__ = ["HostEstimate", "HostLine", "HostSetup", "NodeHardware", "NvmeEstimate",

@@ -22,7 +22,7 @@ from ..units import dtype_bytes
 from . import categories as c
 from .constants import constant
 from .hardware import NodeHardware
-from .result import HostEstimate, HostLine, NvmeEstimate
+from ..results import HostEstimate, HostLine, NvmeEstimate
 from .setup import HostSetup
 
 __all__ = ["estimate_host", "optimizer_state_bytes_per_element", "RULE_OF_THUMB"]
@@ -70,7 +70,7 @@ def estimate_host(b: Breakdown, model: ModelSpec, recipe: Recipe, hw: NodeHardwa
     dt = dtypes(recipe)
     w_elem = dtype_bytes(dt.param if recipe.method.kind == "full" else dt.frozen)
     weights = math.ceil(model.num_params * w_elem)
-    trainable = int(b.model.get("trainable_params", model.num_params))
+    trainable = b.model.trainable_params
     model_par = recipe.parallelism.tp * recipe.parallelism.pp
     shard = recipe.parallelism.shard_degree
     largest = max(t.numel_per_rank(recipe.parallelism.tp, recipe.parallelism.ep) for t in model.tensors)

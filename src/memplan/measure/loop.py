@@ -39,6 +39,7 @@ import os
 import threading
 import time
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..breakdown import Breakdown, Category, Item, Moment, Phase, Pool, RankBreakdown, Step
+from ..results import DeviceInfo, ModelInfo
 from .labels import BATCH, OPTIMIZER, ROOT, ModuleLabeller
 from .live import (
     PHASES,
@@ -351,18 +353,18 @@ class Session:
         self.counters = c
 
     # -- results -----------------------------------------------------------------------
-    def _device(self) -> dict[str, Any]:
+    def _device(self) -> DeviceInfo:
         if self.cuda:
             props = torch.cuda.get_device_properties(self.cuda_index)
-            return {"name": props.name, "capacity_bytes": int(props.total_memory),
-                    "source": "torch.cuda.get_device_properties"}
+            return DeviceInfo(name=props.name, capacity_bytes=int(props.total_memory),
+                              source="torch.cuda.get_device_properties")
         try:
             import psutil
 
             total = int(psutil.virtual_memory().total)
         except ImportError:
             total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return {"name": "cpu", "capacity_bytes": total, "source": "host memory"}
+        return DeviceInfo(name="cpu", capacity_bytes=total, source="host memory")
 
     def _breakdown(self) -> Breakdown:
         notes: list[str] = []
@@ -395,12 +397,13 @@ class Session:
         role = f"rank {self.rank}" if self.world > 1 else "every rank"
         rank = RankBreakdown(role=role, ranks=1, moments=moments, outside=outside,
                              unmodelled=unmodelled, notes=tuple(notes))
-        model: dict[str, Any] = {"id": "(your training loop)", "params": 0,
-                                 "trainable_params": 0, "layers": 0, "source": "measured"}
+        model = ModelInfo(id="(your training loop)", params=0, trainable_params=0, layers=0,
+                          source="measured")
         if self.model is not None:
             ps = list(self.model.parameters())
-            model.update(id=type(self.model).__name__, params=sum(p.numel() for p in ps),
-                         trainable_params=sum(p.numel() for p in ps if p.requires_grad))
+            model = replace(model, id=type(self.model).__name__,
+                            params=sum(p.numel() for p in ps),
+                            trainable_params=sum(p.numel() for p in ps if p.requires_grad))
         return Breakdown(source="measure", model=model, recipe={}, device=self._device(),
                          ranks=(rank,))
 

@@ -2,16 +2,17 @@
 
 The counterpart of ``memplan.trace.trace`` (same builder, same tracker, real memory): what
 ``validate`` compares the tracer and the estimator with. Meant for small models. On CUDA the
-allocator's counters over the same steps are recorded too, under ``device['allocator']``.
+allocator's counters over the same steps are recorded too (``DeviceInfo.allocator``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
 
 from ..breakdown import Breakdown
 from ..hardware import Device
 from ..recipe import Recipe
+from ..results import AllocatorCounters
 
 __all__ = ["measure_recipe", "HOW"]
 
@@ -35,16 +36,15 @@ def measure_recipe(model: str, recipe: Recipe, device: Device, *, steps: int = 2
     w = build_workload(build_model(model, recipe, device=recipe.platform.device), recipe)
     measured = measure_step(w.model, w.batch, w.optimizer, autocast_dtype=w.autocast_dtype,
                             loss_fn=w.loss_fn, steps=steps)
-    dev: dict[str, Any] = device.to_dict()
+    dev = device.info()
     if cuda:
         # The allocator's own counters over the same steps (block rounding, workspaces and
         # kernel scratch included), next to the tracker's logical bytes.
         stats = torch.cuda.memory_stats()
-        dev["allocator"] = {
-            "max_memory_allocated": torch.cuda.max_memory_allocated() - base,
-            "max_memory_reserved": torch.cuda.max_memory_reserved(),
-            "active_bytes.all.peak": int(stats.get("active_bytes.all.peak", 0)),
-        }
+        dev = replace(dev, allocator=AllocatorCounters(
+            max_memory_allocated=torch.cuda.max_memory_allocated() - base,
+            max_memory_reserved=torch.cuda.max_memory_reserved(),
+            active_bytes_peak=int(stats.get("active_bytes.all.peak", 0))))
     info, notes = w.info, w.notes
     del w
     if cuda:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ..breakdown import Breakdown, Category, Item, Moment, Phase, RankBreakdown, Step
+from ..results import DeviceInfo, ModelInfo
 
 __all__ = ["moments_of", "to_breakdown", "module_table", "ALL_GROUPS"]
 
@@ -48,8 +49,8 @@ def moments_of(steps: Sequence[_StepLike], how: str) -> tuple[Moment, ...]:
     return tuple(out)
 
 
-def to_breakdown(steps: Sequence[_StepLike], *, source: str, how: str, model: dict[str, Any],
-                 recipe: dict[str, Any], device: dict[str, Any], role: str = "every rank",
+def to_breakdown(steps: Sequence[_StepLike], *, source: str, how: str, model: ModelInfo,
+                 recipe: dict[str, Any], device: DeviceInfo, role: str = "every rank",
                  outside: tuple[Item, ...] = (), unmodelled: tuple[Category, ...] = (),
                  notes: tuple[str, ...] = ()) -> Breakdown:
     """One-role ``Breakdown`` of measured (or traced) steps; ``how`` fills each item's formula."""

@@ -9,7 +9,7 @@ from rich.text import Text
 
 from ..breakdown import Breakdown
 from ..host.plan import RULE_OF_THUMB
-from ..host.result import MOMENTS, HostLine
+from ..results import MOMENTS, HostLine
 from ..units import fmt_bytes
 
 __all__ = ["host_sections"]
@@ -80,5 +80,5 @@ def host_sections(b: Breakdown) -> list[RenderableType]:
         out += [Text(f"  note: {x}", style="yellow") for x in t.notes]
     elif h is not None:
         out.append(Text("step time: the GPU catalog has no dense peak for this compute dtype on "
-                        f"{b.device['name']}; not predicted.", style="yellow"))
+                        f"{b.device.name}; not predicted.", style="yellow"))
     return out

@@ -82,13 +82,13 @@ def render_breakdown(b: Breakdown) -> RenderableType:
     """The ``memplan estimate`` table: header, per-role items, totals and verdict."""
     m, r = b.model, b.recipe
     title = Text.assemble(
-        ("memplan ", "bold"), (b.source, "bold cyan"), "  ", (m["id"], "bold"), " on ",
-        (b.device["name"], "bold"), f" ({fmt_bytes(b.capacity_bytes)})")
+        ("memplan ", "bold"), (b.source, "bold cyan"), "  ", (m.id, "bold"), " on ",
+        (b.device.name, "bold"), f" ({fmt_bytes(b.capacity_bytes)})")
     lines: list[RenderableType] = [
         title,
-        Text(f"model: {fmt_count(m['params'])} params ({m['params']:,}), trainable "
-             f"{fmt_count(m['trainable_params'])} ({m['trainable_params']:,}); "
-             f"{m['layers']} layers; config: {m['source'].split(' (')[0]}"),
+        Text(f"model: {fmt_count(m.params)} params ({m.params:,}), trainable "
+             f"{fmt_count(m.trainable_params)} ({m.trainable_params:,}); "
+             f"{m.layers} layers; config: {m.source.split(' (')[0]}"),
         Text(f"recipe: {_recipe_line(r)}"),
         Text("lines: what is allocated at the peak moment of the step", style="dim"),
         Text(""),
@@ -103,7 +103,7 @@ def render_breakdown(b: Breakdown) -> RenderableType:
             continue
         seen.add(rank.role)
         lines += [_rank_table(rank), _totals(rank, b.capacity_bytes, b.max_micro_batch), Text("")]
-    for note in m.get("notes", []):
+    for note in m.notes or ():
         lines.append(Text(f"note: {note}", style="dim"))
     if any(rank.unmodelled for rank in b.ranks):
         lines.append(Text("Categories marked 'not modelled yet' are missing from the totals: "

@@ -2,7 +2,7 @@
 MFU, GPU idle time and the bottleneck. See ``step.estimate_time``."""
 
 from .flops import TokenFlops, token_flops
-from .result import RESOURCES, ResourceTime, TimeEstimate
+from ..results import RESOURCES, ResourceTime, TimeEstimate
 from .step import estimate_time
 
 __all__ = ["RESOURCES", "ResourceTime", "TimeEstimate", "TokenFlops", "estimate_time",

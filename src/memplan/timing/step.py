@@ -41,7 +41,7 @@ from ..recipe import Recipe
 from ..units import dtype_bytes
 from .comms import Link, allreduce_s, gather_s, group_link
 from .flops import token_flops
-from .result import ResourceTime, TimeEstimate
+from ..results import ResourceTime, TimeEstimate
 
 __all__ = ["estimate_time", "pcie_gb_per_s", "peak_tflops"]
 

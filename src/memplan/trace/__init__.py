@@ -143,5 +143,5 @@ def trace(model: str, recipe: Recipe, device: Device, *, steps: int = 2) -> Brea
         notes.append("CUDA: allocator slack and cuBLAS/kernel workspaces are not traced; "
                      "the CUDA context line is the estimator's constant.")
     return to_breakdown(measured, source="trace", how=HOW, model=w.info,
-                        recipe=recipe.to_dict(), device=device.to_dict(), outside=outside,
+                        recipe=recipe.to_dict(), device=device.info(), outside=outside,
                         notes=tuple(notes))

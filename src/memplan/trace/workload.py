@@ -36,6 +36,7 @@ from typing import Any
 from ..errors import ConfigError, ModelConfigError, Problems, TraceError, did_you_mean
 from ..model.resolve import find_config
 from ..recipe import Recipe
+from ..results import ModelInfo
 
 __all__ = ["Built", "Workload", "check_traceable", "build_model", "materialize", "build_workload",
            "OPTIMIZERS"]
@@ -68,7 +69,7 @@ class Workload:
     """``torch.bfloat16`` / ``torch.float16`` under ``*-mixed``, else None."""
     loss_fn: Callable[[Any, dict[str, Any]], Any] | None
     """None for transformers models (``model(**batch).loss``)."""
-    info: dict[str, Any]
+    info: ModelInfo
     """``id``, ``params``, ``trainable_params``, ``layers``, ``source`` for the Breakdown."""
     notes: tuple[str, ...] = field(default=())
     """How the recipe was applied, where that is not obvious."""
@@ -346,13 +347,10 @@ def build_workload(built: Built, recipe: Recipe) -> Workload:
     from ..measure.labels import _stack
 
     stack = _stack(model)
-    info = {
-        "id": built.model_ref,
-        "params": sum(p.numel() for p in model.parameters()),
-        "trainable_params": sum(p.numel() for p in trainable),
-        "layers": len(model.get_submodule(stack)) if stack else 0,
-        "source": built.source,
-    }
+    info = ModelInfo(id=built.model_ref, params=sum(p.numel() for p in model.parameters()),
+                     trainable_params=sum(p.numel() for p in trainable),
+                     layers=len(model.get_submodule(stack)) if stack else 0,
+                     source=built.source)
     _, autocast = _torch_dtype(torch, recipe.precision.kind)
     return Workload(model=model, optimizer=optimizer, batch=batch, autocast_dtype=autocast,
                     loss_fn=None if hf else _generic_loss, info=info, notes=built.notes)

@@ -159,9 +159,9 @@ class ValidationReport:
 
 def measured_peak(b: Breakdown) -> int:
     """The measured peak allocated bytes: the CUDA allocator's ``max_memory_allocated`` when the
-    run recorded it (``device['allocator']``), else the live-tensor peak."""
-    alloc = b.device.get("allocator") or {}
-    return int(alloc.get("max_memory_allocated", b.worst.peak_allocated_bytes))
+    run recorded it (``DeviceInfo.allocator``), else the live-tensor peak."""
+    alloc = b.device.allocator
+    return alloc.max_memory_allocated if alloc is not None else b.worst.peak_allocated_bytes
 
 
 def _tiny(name: str) -> str:
