@@ -7,7 +7,6 @@ the Hub, none of which a page served to a browser should do).
 
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from threading import Lock
@@ -18,7 +17,6 @@ from .state import PageState, config_from_text, parse_pin
 
 __all__ = ["Outcome", "evaluate", "evaluate_all", "choices"]
 
-log = logging.getLogger(__name__)
 _CACHE_SIZE = 64
 _cache: OrderedDict[tuple[str, str], dict[str, Any]] = OrderedDict()
 _lock = Lock()
