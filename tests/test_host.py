@@ -14,7 +14,7 @@ from memplan.cli import app
 from memplan.errors import ConfigError, UnknownName
 from memplan.host import HostSetup, parse_size
 from memplan.host import categories as c
-from memplan.host.constants import constants
+from memplan.facts.constants import constants
 from memplan.units import GIB, MIB
 from memplan.timing import token_flops
 

@@ -20,7 +20,7 @@ import pytest
 
 from memplan.host import HostSetup
 from memplan.host import categories as c
-from memplan.host.constants import constant
+from memplan.facts.constants import constant
 from memplan.units import MIB
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),

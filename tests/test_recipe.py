@@ -107,3 +107,20 @@ def test_cli_flag_reaches_a_field_missing_before():
 def test_parallelism_derived_sizes():
     p = Parallelism(gpus=64, tp=4, pp=2, cp=2, ep=2, zero=1)
     assert (p.dp, p.shard_degree, p.expert_shard_degree) == (4, 8, 4)
+
+
+def test_facts_table_has_a_row_per_optimizer_and_precision():
+    """Every recipe choice has its facts row; the tracer's list is the rows with a torch class."""
+    from memplan.facts import dtypes, optimizer_table
+    from memplan.recipe import OPTIMIZERS, PRECISIONS
+    from memplan.trace.workload import OPTIMIZERS as TRACEABLE
+
+    assert set(optimizer_table()) == set(OPTIMIZERS)
+    assert all(f.source for f in optimizer_table().values())
+    assert {n for n, f in optimizer_table().items() if f.torch} == set(TRACEABLE)
+    for p in PRECISIONS:
+        for zero in (0, 3):
+            d = dtypes(Recipe.of(precision=p, zero=zero))
+            assert d.compute in ("fp32", "bf16", "fp16")
+    assert dtypes(Recipe.of(precision="bf16-mixed")).master is None
+    assert dtypes(Recipe.of(precision="bf16-mixed", zero=1)).master == "fp32"

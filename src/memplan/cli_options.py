@@ -44,7 +44,7 @@ def _parameter(info: FieldInfo, name: str | None = None) -> inspect.Parameter:
 
 def host_option(key: str) -> Any:
     """A ``typer.Option`` for one ``HostSetup`` field, its help from the field's docstring."""
-    from .host.setup import HostSetup
+    from .recipe.host import HostSetup
 
     info = next(i for i in describe_dataclass(HostSetup, "host") if i.key == key)
     return typer.Option(help=option_help(info))

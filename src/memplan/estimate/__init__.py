@@ -21,7 +21,7 @@ from .activations import stage_points
 from .lines import Line
 from .optimizer_step import optimizer_step_items
 from .timeline import Instant, moments
-from .precision import Dtypes, dtypes
+from ..facts import Dtypes, dtypes
 
 __all__ = ["estimate"]
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import math
 from ..breakdown import ALL_PHASES, Category, Item, Phase, Pool
-from .lines import Line
+from ..facts import Dtypes
+from ..facts.constants import constant
 from ..recipe import Recipe
 from ..units import dtype_bytes
 from .layout import Held, Stage
-from .precision import Dtypes
+from .lines import Line
 from .states import optimizer_state_bytes, quantized_bytes
 
 __all__ = ["model_state_items"]
@@ -26,8 +27,6 @@ F, B, O = Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER
 DS_REDUCE_BUCKET = 500_000_000
 """DeepSpeed ``reduce_bucket_size`` / ``allgather_bucket_size`` default, elements
 (deepspeed/runtime/zero/config.py)."""
-DS_SUB_GROUP = 1_000_000_000
-"""DeepSpeed ZeRO-3 ``sub_group_size`` default: the optimizer steps this many elements at a time."""
 
 
 def _sum(pairs: list[tuple[Held, float]], recipe: Recipe, shard: bool) -> int:
@@ -101,7 +100,8 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
         add(Category.GRADIENTS, f"gradients{why}", grads, shard=z >= 2,
             phases=grad_phases, grows=not persistent, formula=f"trainable elements x {gb:g} B")
     if dt.master and z >= 1 and off == "none" and gb < 4:
-        limit = DS_SUB_GROUP if z == 3 else None
+        # DeepSpeed ZeRO-3 sub_group_size: the optimizer steps this many elements at a time
+        limit = int(constant("ds_sub_group_elements")) if z == 3 else None
         fp32 = [(h, h.numel * 4.0) for h in trainable]
         n = _sum(fp32, recipe, True)
         if limit is not None:

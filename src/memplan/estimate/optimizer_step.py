@@ -16,16 +16,13 @@ bitsandbytes 8-bit/paged optimizers update in fused kernels.
 from __future__ import annotations
 
 from ..breakdown import Category, Item
+from ..facts import optimizer_facts
 from ..recipe import Recipe
 from ..units import dtype_bytes
 from .layout import Stage
-from .precision import Dtypes
+from ..facts import Dtypes
 
 __all__ = ["optimizer_step_items"]
-
-_PER_TENSOR = {"adam": 2, "adamw": 2, "lion": 2, "adafactor": 3}
-"""Parameter-sized temporaries alive at once, per tensor, in the single-tensor paths."""
-
 
 def optimizer_step_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]:
     trainable = [h for h in stage.held if h.trainable]
@@ -33,24 +30,25 @@ def optimizer_step_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]
         return []
     sb = dtype_bytes(dt.state if dt.state in ("fp32", "bf16", "fp16") else "fp32")
     opt = recipe.optimizer.kind
+    facts = optimizer_facts(opt)
     out = []
     shard = recipe.parallelism.shard_degree if recipe.parallelism.zero >= 1 else 1
-    if recipe.parallelism.zero >= 1 and opt in ("adam", "adamw"):
+    if recipe.parallelism.zero >= 1 and facts.fused_under_zero:
         pass  # DeepSpeed FusedAdam / cpu_adam: no temporaries
-    elif recipe.platform.device == "cuda" and opt in ("adam", "adamw"):
+    elif recipe.platform.device == "cuda" and facts.foreach_copy:
         n = sum(h.numel for h in trainable) // shard
         out.append(Item(category=Category.TEMPORARY, name="foreach Adam sqrt(exp_avg_sq) copy",
                         bytes=int(n * sb),
                         formula="one state-sized copy of every trainable tensor "
                         "(torch/optim/adam.py _multi_tensor_adam: torch._foreach_sqrt)"))
-    elif opt in _PER_TENSOR:
+    elif facts.step_temporaries:
         big = max(h.numel for h in trainable) // shard
-        k = _PER_TENSOR[opt]
+        k = facts.step_temporaries
         out.append(Item(category=Category.TEMPORARY, name=f"{opt} per-tensor temporaries",
                         bytes=int(k * big * sb),
                         formula=f"{k} x the largest trainable tensor (single-tensor path: "
                         "sqrt(exp_avg_sq), then / bias_correction2_sqrt)"))
-    if recipe.platform.device == "cpu" and opt in ("adam", "adamw"):
+    if recipe.platform.device == "cpu" and facts.cpu_step_counters:
         out.append(Item(category=Category.OPTIMIZER, name="step counters",
                         bytes=4 * len(trainable),
                         formula="one fp32 scalar tensor 'step' per parameter (torch.optim.Adam; "

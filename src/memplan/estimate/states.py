@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from ..facts import optimizer_facts
 from ..units import dtype_bytes
 from .layout import Held
 
@@ -73,19 +74,18 @@ def optimizer_state_bytes(h: Held, optimizer: str, state_dtype: str) -> float:
     - adafactor: factored second moment, no first moment (Shazeer & Stern 2018).
     - adamw-8bit / paged-adamw-8bit: 2 uint8 states + fp32 absmax per 256-element block, +
       quantization maps; tensors under 4096 elements stay in fp32 (bitsandbytes).
+
+    The number of states and their layout come from the optimizer table (``memplan.facts``).
     """
-    n = h.numel
+    facts = optimizer_facts(optimizer)
+    n, k = h.numel, facts.states
     s = dtype_bytes(state_dtype)
-    if optimizer in ("adamw", "adam", "paged-adamw"):
-        return 2 * n * s
-    if optimizer == "sgd":
-        return 0
-    if optimizer in ("sgd-momentum", "lion"):
-        return n * s
-    if optimizer == "adafactor":
-        return _factored_elements(h) * s
-    if optimizer in ("adamw-8bit", "paged-adamw-8bit"):
+    if facts.layout == "full":
+        return k * n * s
+    if facts.layout == "factored":
+        return k * _factored_elements(h) * s
+    if facts.layout == "blockwise-8bit":
         if h.tensor.numel < BNB_MIN_8BIT_SIZE:
-            return 2 * n * 4
-        return 2 * (n + math.ceil(n / BNB_BLOCK) * 4) + BNB_QMAP_BYTES
-    raise ValueError(f"unknown optimizer {optimizer}")
+            return k * n * 4
+        return k * (n + math.ceil(n / BNB_BLOCK) * 4) + BNB_QMAP_BYTES
+    raise AssertionError(f"facts.toml: unknown optimizer layout {facts.layout!r}")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 
-from .constants import constant
-from .setup import HostSetup
+from ..facts.constants import constant
+from ..recipe.host import HostSetup
 
 __all__ = ["next_pow2", "pinned_bytes", "process_baseline", "loading_bytes", "offload_buffers",
            "cpu_optimizer_temp_bytes", "dataloader_bytes", "checkpoint_save_bytes",

@@ -15,24 +15,20 @@ from __future__ import annotations
 import math
 
 from ..breakdown import Breakdown, Pool
-from ..estimate.precision import dtypes
+from ..facts import dtypes, optimizer_facts
+from ..facts.constants import constant
+from ..hardware.node_hardware import NodeHardware
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
+from ..recipe.host import HostSetup
+from ..results import HostEstimate, HostLine, NvmeEstimate
 from ..units import dtype_bytes
 from . import categories as c
-from .constants import constant
-from .hardware import NodeHardware
-from ..results import HostEstimate, HostLine, NvmeEstimate
-from .setup import HostSetup
 
 __all__ = ["estimate_host", "optimizer_state_bytes_per_element", "RULE_OF_THUMB"]
 
 RULE_OF_THUMB = ("rule of thumb 'host RAM = 3-5x GPU memory' has no data behind it (facts §5); "
                  "shipped 8-GPU nodes have 1.0-4.0x (facts §4.2)")
-
-_STATES = {"adamw": 2, "adam": 2, "paged-adamw": 2, "sgd": 0, "sgd-momentum": 1, "lion": 1,
-           "adafactor": 0, "adamw-8bit": 2, "paged-adamw-8bit": 2}
-"""Full-size optimizer states per trainable element (Adafactor's factored rows/columns ~ 0)."""
 
 STEADY = ("steady step", "checkpoint save")
 
@@ -42,8 +38,9 @@ def optimizer_state_bytes_per_element(recipe: Recipe) -> float:
     Adam 2 states (fp32 unless ``*-true``; 1 B for bitsandbytes 8-bit) + 4 B master under
     mixed precision with ZeRO (ZeRO paper §3: 12 B/param with Adam)."""
     dt = dtypes(recipe)
-    per_state = 1.0 if recipe.optimizer.kind.endswith("8bit") else dtype_bytes(dt.state)
-    return _STATES[recipe.optimizer.kind] * per_state + (4.0 if dt.master else 0.0)
+    facts = optimizer_facts(recipe.optimizer.kind)
+    per_state = 1.0 if facts.layout == "blockwise-8bit" else dtype_bytes(dt.state)
+    return facts.full_states * per_state + (4.0 if dt.master else 0.0)
 
 
 def _offload_pinned(per_rank: int, elements: int, rounding: bool) -> int:

@@ -31,11 +31,11 @@ peak, which real FP8 training does not reach (casts and scaling).
 
 from __future__ import annotations
 
-from ..estimate.precision import dtypes
+from ..facts import dtypes
 from ..hardware import Device
-from ..host.constants import constant
-from ..host.hardware import NodeHardware
-from ..host.setup import HostSetup
+from ..facts.constants import constant
+from ..hardware.node_hardware import NodeHardware
+from ..recipe.host import HostSetup
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
 from ..units import dtype_bytes

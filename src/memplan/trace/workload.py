@@ -35,6 +35,7 @@ from typing import Any
 
 from ..errors import ConfigError, ModelConfigError, Problems, TraceError, did_you_mean
 from ..model.resolve import find_config
+from ..facts import optimizer_facts
 from ..recipe import Recipe
 from ..results import ModelInfo
 
@@ -42,8 +43,8 @@ __all__ = ["Built", "Workload", "check_traceable", "build_model", "materialize",
            "OPTIMIZERS"]
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor")
-"""Recipe optimizers with a ``torch.optim`` implementation (the others need bitsandbytes or
-a third-party package)."""
+"""Recipe optimizers with a ``torch.optim`` implementation (the ``torch`` column of
+``facts/facts.toml``; the others need bitsandbytes or a third-party package)."""
 
 _LR = 1e-4  # any value: memory does not depend on it
 _TARGET_LEAVES = {
@@ -89,7 +90,7 @@ def check_traceable(recipe: Recipe) -> tuple[str, ...]:
         p.add(f"offload={recipe.offload.kind}: offload needs DeepSpeed/FSDP; use offload=none.")
     if recipe.precision.kind == "fp8-mixed":
         p.add("precision=fp8-mixed needs Transformer Engine on a GPU; use bf16-mixed.")
-    if recipe.optimizer.kind not in OPTIMIZERS:
+    if not optimizer_facts(recipe.optimizer.kind).torch:
         p.add(f"optimizer={recipe.optimizer.kind} has no torch.optim implementation (bitsandbytes / "
               f"third party); use one of {', '.join(OPTIMIZERS)}.")
     if recipe.method.kind == "qlora":

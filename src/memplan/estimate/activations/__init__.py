@@ -12,7 +12,7 @@ from ...model.spec import ModelSpec
 from ...recipe import Recipe
 from ...units import dtype_bytes
 from ..layout import Stage
-from ..precision import Dtypes
+from ...facts import Dtypes
 from .blocks import Ctx
 from .families import stage_graph
 from .graph import Point, simulate

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelConfigError, Problems, did_you_mean
-from ..recipe import read_recipe_toml
+from .io import read_recipe_toml
 
 __all__ = ["HostSetup", "LOAD_MODES", "DATASETS", "CHECKPOINTS"]
 
@@ -71,7 +71,7 @@ class HostSetup:
     with ``pinned_max_round_threshold_mb`` set."""
     matmul_efficiency: float = 0.0
     """Fraction of the GPU's dense peak that matmuls reach; 0 = the sourced default (0.81,
-    ``timing/rates.toml``)."""
+    ``facts/rates.toml``)."""
 
     def __post_init__(self) -> None:
         p = Problems()

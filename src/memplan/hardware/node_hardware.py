@@ -10,14 +10,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, Problems
-from ..hardware import Device
-from ..hardware.nodes import Node
 from ..units import GB, GIB
+from . import Device
+from .nodes import Node
 
 __all__ = ["NodeHardware", "node_hardware", "parse_size", "PCIE_GENS"]
 
 PCIE_GENS = (3, 4, 5)
-"""PCIe generations with a measured host<->device bandwidth in ``timing/rates.toml``."""
+"""PCIe generations with a measured host<->device bandwidth in ``facts/rates.toml``."""
 
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": GB, "tb": 10**12, "kib": 2**10,
           "mib": 2**20, "gib": GIB, "tib": 2**40}

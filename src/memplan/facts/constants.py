@@ -14,7 +14,7 @@ from importlib import resources
 
 __all__ = ["Constant", "constants", "constant"]
 
-_FILES = (("memplan.host", "host.toml"), ("memplan.timing", "rates.toml"))
+_FILES = ("host.toml", "rates.toml")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -37,8 +37,8 @@ class Constant:
 def constants() -> dict[str, Constant]:
     """Every constant of both data files by name (read on first use)."""
     out: dict[str, Constant] = {}
-    for package, name in _FILES:
-        rows = tomllib.loads(resources.files(package).joinpath(name).read_text())
+    for name in _FILES:
+        rows = tomllib.loads(resources.files(__package__).joinpath(name).read_text())
         for key, row in rows.items():
             out[key] = Constant(name=key, value=float(row["value"]), unit=row["unit"],
                                 source=row["source"], notes=row.get("notes", ""))

@@ -1,0 +1,113 @@
+"""Training facts shared by every consumer (estimate, host, timing, trace), read from one data
+file (``facts.toml``, a source on each row): the dtype of each model state per precision, and
+the optimizer table (states, their layout, step temporaries per implementation).
+
+| precision            | trainable params | grads      | optimizer states | fp32 master | frozen |
+|----------------------|------------------|------------|------------------|-------------|--------|
+| 32-true              | fp32             | fp32       | fp32             | -           | fp32   |
+| 16/bf16-true         | 16-bit           | 16-bit     | 16-bit           | -           | 16-bit |
+| 16/bf16-mixed, ZeRO 0| fp32 (AMP)       | fp32       | fp32             | -           | 16-bit |
+| 16/bf16-mixed, ZeRO>=1| 16-bit          | 16-bit     | fp32             | fp32        | 16-bit |
+| fp8-mixed            | bf16 (+fp8 cache)| 16-bit     | fp32             | fp32        | bf16   |
+
+Both mixed conventions cost 16 bytes per trainable parameter with Adam; they differ only in
+which category holds the bytes. ``grad_dtype = "fp32"`` gives fp32 gradient buffers for 16-bit
+parameters (Megatron's ``main_grad``, 18 B/param with Adam).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, replace
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from ..errors import ConfigError, did_you_mean
+from ..recipe import Recipe
+
+__all__ = ["Dtypes", "dtypes", "OptimizerFacts", "optimizer_facts", "optimizer_table"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Dtypes:
+    """The dtype of each model state under one recipe."""
+
+    param: str
+    """Storage of trainable parameters on the GPU."""
+    grad: str
+    """Gradients."""
+    state: str
+    """Optimizer moments."""
+    master: str | None
+    """Separate fp32 master copy, or None when the parameters are the master."""
+    frozen: str
+    """Storage of frozen (non-quantized) parameters."""
+    compute: str
+    """dtype of matmuls and activations."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OptimizerFacts:
+    """One row of the optimizer table."""
+
+    name: str
+    """The recipe's optimizer name."""
+    states: int
+    """Optimizer states per trainable tensor."""
+    layout: str
+    """``full`` (each the tensor's size), ``factored`` (Adafactor), ``blockwise-8bit``."""
+    step_temporaries: int
+    """Parameter-sized temporaries alive at once per tensor in the single-tensor step."""
+    foreach_copy: bool
+    """The CUDA foreach step copies every state once (``torch._foreach_sqrt``)."""
+    fused_under_zero: bool
+    """DeepSpeed ZeRO steps it with fused kernels (no temporaries)."""
+    cpu_step_counters: bool
+    """torch keeps one fp32 ``step`` tensor per parameter."""
+    torch: str
+    """The ``torch.optim`` class a traced or real run uses; '' when torch has none."""
+    source: str
+    """Where the row comes from."""
+
+    @property
+    def full_states(self) -> int:
+        """States of the tensor's full size (a factored state is ~0 of it)."""
+        return 0 if self.layout == "factored" else self.states
+
+
+@cache
+def _table() -> dict[str, Any]:
+    return tomllib.loads(resources.files(__package__).joinpath("facts.toml").read_text())
+
+
+@cache
+def optimizer_table() -> dict[str, OptimizerFacts]:
+    """Every optimizer row, by name."""
+    return {row["name"]: OptimizerFacts(**row) for row in _table()["optimizer"]}
+
+
+def optimizer_facts(name: str) -> OptimizerFacts:
+    """The row of optimizer ``name``; an unknown name lists the close ones."""
+    table = optimizer_table()
+    if name not in table:
+        raise ConfigError([f"optimizer={name!r} has no row in facts.toml."
+                           f"{did_you_mean(name, table)}"])
+    return table[name]
+
+
+@cache
+def _dtype_rows() -> dict[tuple[str, str], Dtypes]:
+    return {(r["precision"], r["zero"]): Dtypes(
+        param=r["param"], grad=r["grad"], state=r["state"], master=r["master"] or None,
+        frozen=r["frozen"], compute=r["compute"]) for r in _table()["dtypes"]}
+
+
+def dtypes(recipe: Recipe) -> Dtypes:
+    """The dtype of every model state under ``recipe`` (see the module table)."""
+    p, rows = str(recipe.precision.kind), _dtype_rows()
+    zero = "1+" if recipe.parallelism.zero >= 1 else "0"
+    d = rows.get((p, "any")) or rows[(p, zero)]
+    if recipe.precision.grad_dtype == "fp32":
+        d = replace(d, grad="fp32")
+    return d
