@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("system",),
     ("report", "validate"),
     ("api", "cli_options"),
+    ("web",),  # memplan serve: the page over api and report (issue #16)
     ("cli", "__init__"),
     ("__main__",),
 )
@@ -43,7 +44,7 @@ ALLOWED: dict[tuple[str, str], str] = {
 
 NO_TORCH_AT_IMPORT = ("errors", "units", "results", "facts", "model", "hardware", "recipe",
                       "breakdown", "estimate", "host", "timing", "system", "report", "api",
-                      "cli_options", "cli")
+                      "cli_options", "cli", "web")
 """Packages that must not import torch at module level (``memplan estimate`` starts fast)."""
 
 MAX_LINES = 420

@@ -11,7 +11,7 @@ from .estimate import estimate
 from .hardware import cpu_device, get_device
 from .hardware.nodes import get_node
 from .host import HostSetup, node_hardware, parse_size
-from .model import catalog, load_model
+from .model import ModelSpec, catalog, load_model
 from .recipe import Recipe, read_recipe_file
 from .system import with_host_and_time
 from .timing.calibration import Calibration
@@ -60,27 +60,32 @@ def load_job(recipe_file: str | Path | None = None, overrides: dict[str, Any] | 
     return recipe, setup
 
 
-def estimate_from_names(model: str, recipe: Recipe, machine: Machine | None = None,
-                        setup: HostSetup | None = None,
-                        calibration: Calibration | None = None) -> Breakdown:
+def estimate_from_names(model: str | ModelSpec, recipe: Recipe, machine: Machine | None = None,
+                        setup: HostSetup | None = None, *,
+                        calibration: Calibration | None = None,
+                        search_micro_batch: bool = True) -> Breakdown:
     """Resolve names, estimate GPU memory, host RAM, NVMe and step time (with the rates of a
     ``memplan calibrate`` file when ``calibration`` is given). Raises ``MemplanError`` on bad
-    input."""
+    input. ``model`` may also be a ``ModelSpec`` already built (the web page's pasted
+    config.json); ``search_micro_batch=False`` skips the largest-micro-batch search (several more
+    estimates), leaving ``max_micro_batch`` None."""
     machine = machine or Machine()
     preset = get_node(machine.node) if machine.node else None
     if preset is not None and recipe.parallelism.gpus_per_node == 0:
         recipe = recipe.with_keys(gpus_per_node=min(recipe.parallelism.gpus, preset.gpus))
-    spec = load_model(model)
+    spec = model if isinstance(model, ModelSpec) else load_model(model)
     if recipe.platform.device == "cpu":
-        return estimate(spec, recipe, cpu_device(machine.host_memory_bytes))
+        return estimate(spec, recipe, cpu_device(machine.host_memory_bytes),
+                        search_micro_batch=search_micro_batch)
     device = get_device(machine.gpu or (preset.gpu if preset else "H100-80GB"))
     hw = node_hardware(
         device, recipe.parallelism.local_gpus, preset,
         host_ram_bytes=parse_size(machine.host_ram, "--host-ram") if machine.host_ram else None,
         nvme_bytes=parse_size(machine.nvme, "--nvme") if machine.nvme else None,
         pcie_gen=machine.pcie)
-    return with_host_and_time(estimate(spec, recipe, device), spec, recipe, device, hw, setup,
-                              calibration)
+    return with_host_and_time(estimate(spec, recipe, device,
+                                       search_micro_batch=search_micro_batch),
+                              spec, recipe, device, hw, setup, calibration)
 
 
 def trace_from_names(model: str, recipe: Recipe, gpu: str = "H100-80GB",

@@ -108,7 +108,7 @@ def estimate(
         machine = api.Machine(gpu=gpu, node=node, host_ram=host_ram, nvme=nvme, pcie=pcie,
                               host_memory_bytes=_host_memory_bytes())
         cal = load_calibration(calibration) if calibration else None
-        return api.estimate_from_names(model, job, machine, setup, cal)
+        return api.estimate_from_names(model, job, machine, setup, calibration=cal)
 
     _show(_guard(run), format)
 
@@ -358,6 +358,34 @@ def validate(
                       f"in {report['seconds']:.0f} s; {'PASSED' if report['passed'] else 'FAILED'}")
     if not report["passed"]:
         raise typer.Exit(1)
+
+
+@app.command()
+def report(
+    result: Annotated[Path, typer.Argument(help="A memplan JSON: estimate/trace --format json, "
+                                                 "or memplan-measure.json.")],
+    html: Annotated[Path, Opt("--html", help="Write a one-file HTML report here (opens "
+                                            "offline, from file://).")],
+    against: Annotated[Path | None, Opt(help="Another memplan JSON (e.g. a measurement): add "
+                                             "the error per category.")] = None,
+) -> None:
+    """Write a one-file HTML report (charts, tables, host/NVMe/time) of a saved result."""
+    from .report.html import write_report
+
+    typer.echo(f"wrote {_guard(lambda: write_report(result, html, against=against))}")
+
+
+@app.command()
+def serve(
+    host: Annotated[str, Opt(help="Address to bind (loopback unless you say otherwise).")
+                    ] = "127.0.0.1",
+    port: Annotated[int, Opt(help="TCP port.")] = 8765,
+) -> None:
+    """A local page to plan a run: every recipe control, live updates, charts, comparisons."""
+    from .web import serve as run_server
+
+    typer.echo(f"memplan: http://{host}:{port}/ (Ctrl+C stops it)")
+    _guard(lambda: run_server(host=host, port=port))
 
 
 from .cli_calibrate import calibrate_command  # noqa: E402  (its own module: issue #19)
