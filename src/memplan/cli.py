@@ -66,6 +66,13 @@ def _host_memory_bytes() -> int:
 Opt = typer.Option
 
 
+_HW_HELP = {
+    "hardware": "TOML of extra [[device]] / [[node]] rows (the schema of the built-in "
+                "devices.toml / nodes.toml), usable by name in --gpu / --node.",
+    "gpu_memory": "Override the GPU's memory, e.g. 96GB or 94GiB (the rest of --gpu stays).",
+    "gpu_set": "Override one field of --gpu, e.g. hbm_gb_per_s=3900 or tflops_bf16=989 "
+               "(repeatable).",
+}
 _MODEL_HELP = ("HF id from the catalog (see `memplan models`), a config.json / model dir, or "
                "package.module:function.")
 
@@ -163,6 +170,9 @@ def estimate(
     workers: Annotated[int | None, Opt(help="DataLoader workers per rank. [default: 2]")] = None,
     prefetch: Annotated[int | None, Opt(help="DataLoader prefetch_factor. [default: 2]")] = None,
     format: Annotated[str, Opt("--format", help="table | json.")] = "table",
+    hardware: Annotated[Path | None, Opt(help=_HW_HELP["hardware"])] = None,
+    gpu_memory: Annotated[str | None, Opt(help=_HW_HELP["gpu_memory"])] = None,
+    gpu_set: Annotated[list[str] | None, Opt(help=_HW_HELP["gpu_set"])] = None,
     flags: dict[str, Any] | None = None,
 ) -> None:
     """Estimate per-GPU memory, host RAM, NVMe and step time of one training configuration.
@@ -173,8 +183,11 @@ def estimate(
 
     def run() -> Any:
         from . import api
+        from .custom_hardware import apply_hardware_options
 
-        return api.estimate_from_names(model, gpu, recipe_file=recipe, overrides=flags,
+        name = apply_hardware_options(gpu, hardware=hardware, gpu_memory=gpu_memory,
+                                      gpu_set=gpu_set)
+        return api.estimate_from_names(model, name, recipe_file=recipe, overrides=flags,
                                        host_memory_bytes=_host_memory_bytes(), node=node,
                                        host_ram=host_ram, nvme=nvme, pcie=pcie,
                                        host_overrides=host_flags)
@@ -217,6 +230,9 @@ def trace(
                                             "flags given here override it.")] = None,
     modules: Annotated[int, Opt(help="Rows of the per-module table at the peak (0: none).")] = 12,
     format: Annotated[str, Opt("--format", help="table | json.")] = "table",
+    hardware: Annotated[Path | None, Opt(help=_HW_HELP["hardware"])] = None,
+    gpu_memory: Annotated[str | None, Opt(help=_HW_HELP["gpu_memory"])] = None,
+    gpu_set: Annotated[list[str] | None, Opt(help=_HW_HELP["gpu_set"])] = None,
     flags: dict[str, Any] | None = None,
 ) -> None:
     """Run the real model code for two training steps under fake tensors (no memory used) and
@@ -228,7 +244,11 @@ def trace(
 
         _need_torch("trace")
         _quiet_transformers()
-        return api.trace_from_names(model, gpu, recipe_file=recipe, overrides=flags,
+        from .custom_hardware import apply_hardware_options
+
+        name = apply_hardware_options(gpu, hardware=hardware, gpu_memory=gpu_memory,
+                                      gpu_set=gpu_set)
+        return api.trace_from_names(model, name or gpu, recipe_file=recipe, overrides=flags,
                                     host_memory_bytes=_host_memory_bytes())
 
     result = _guard(run)
