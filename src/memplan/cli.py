@@ -280,12 +280,27 @@ def _need_torch(what: str) -> None:
 
 
 @app.command()
-def models(format: Annotated[str, Opt("--format", help="table | json.")] = "table") -> None:
-    """List the offline model catalog with exact parameter counts."""
+def models(
+    search: Annotated[str, Opt(help="Words that must all appear in the id or an alias, e.g. "
+                                    "'qwen instruct'.")] = "",
+    family: Annotated[str | None, Opt(help="model_type prefix, e.g. llama, qwen, gemma3.")] = None,
+    min_params: Annotated[str | None, Opt(help="Smallest size, e.g. 1B or 500M.")] = None,
+    max_params: Annotated[str | None, Opt(help="Largest size, e.g. 10B.")] = None,
+    format: Annotated[str, Opt("--format", help="table | json.")] = "table",
+) -> None:
+    """List (or search) the offline model catalog with exact parameter counts."""
     _check_format(format)
     from . import api
+    from .model.sizes import parse_count
 
-    rows = _guard(api.catalog_rows)
+    rows = _guard(lambda: api.catalog_rows(
+        search, family=family,
+        min_params=parse_count(min_params, "--min-params") if min_params else None,
+        max_params=parse_count(max_params, "--max-params") if max_params else None))
+    if not rows and format == "table":
+        _fail(f"no catalog model matches search={search!r} family={family!r} "
+              f"size=[{min_params or ''}, {max_params or ''}]. Fix: fewer words, or "
+              "`memplan models` for the whole list.")
     if format == "json":
         _emit_json(rows)
     else:
