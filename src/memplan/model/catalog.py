@@ -36,11 +36,13 @@ class CatalogEntry:
     variant with the same architecture); empty for a row with its own file."""
     patch: dict[str, Any] = field(default_factory=dict)
     """config.json keys where this variant differs from ``base`` (e.g. an untied head)."""
+    unset: tuple[str, ...] = ()
+    """Keys of the base config that this variant's config.json sets to null (TOML has no null)."""
 
     def config(self) -> dict[str, Any]:
         text = resources.files("memplan.catalog").joinpath("models", self.file).read_text()
         data: dict[str, Any] = json.loads(text)
-        return {**data, **self.patch}
+        return {**data, **self.patch, **dict.fromkeys(self.unset)}
 
     @property
     def family(self) -> str:
@@ -49,7 +51,7 @@ class CatalogEntry:
 
 
 _KEYS = {"id", "file", "source", "aliases", "published_params", "published_params_source",
-         "notes", "base", "patch"}
+         "notes", "base", "patch", "unset"}
 
 
 @cache
@@ -86,6 +88,7 @@ def catalog() -> dict[str, CatalogEntry]:
             aliases=tuple(row.get("aliases", ())), published_params=row.get("published_params"),
             published_params_source=row.get("published_params_source", ""),
             notes=row.get("notes", ""), base=row.get("base", ""), patch=dict(row.get("patch", {})),
+            unset=tuple(row.get("unset", ())),
         )
         out[entry.id] = entry
     return out
