@@ -80,15 +80,9 @@ def catalog_rows(search_text: str = "", *, family: str | None = None,
     from .errors import MemplanError
     from .model.catalog import search
 
-    def count(entry: Any) -> int | None:
-        try:
-            return int(load_model(entry.id).num_params)
-        except MemplanError:
-            return entry.published_params  # type: ignore[no-any-return]
-
     rows = []
     for entry in search(search_text, family=family, min_params=min_params,
-                        max_params=max_params, count=count):
+                        max_params=max_params):
         row: dict[str, Any] = {"id": entry.id, "aliases": list(entry.aliases),
                                "model_type": entry.family, "base": entry.base or None,
                                "published_params": entry.published_params,

@@ -94,16 +94,29 @@ def catalog() -> dict[str, CatalogEntry]:
     return out
 
 
+def _count(entry: CatalogEntry) -> int | None:
+    from ..errors import MemplanError
+    from .resolve import load_model
+
+    try:
+        return int(load_model(entry.id).num_params)
+    except MemplanError:
+        return entry.published_params or (
+            catalog()[entry.base].published_params if entry.base else None)
+
+
 def search(text: str = "", *, family: str | None = None, min_params: int | None = None,
-           max_params: int | None = None, count: Callable[[CatalogEntry], int | None]
-           = lambda e: e.published_params) -> list[CatalogEntry]:
+           max_params: int | None = None,
+           count: Callable[[CatalogEntry], int | None] | None = None) -> list[CatalogEntry]:
     """Catalog entries whose id or an alias contains every word of ``text`` (case-insensitive;
     ``-``, ``_``, ``.`` and spaces ignored), of ``family`` (``model_type`` prefix, e.g. ``qwen``
     matches qwen2 / qwen3 / qwen3_moe) and with ``count(entry)`` parameters in
-    [``min_params``, ``max_params``] (entries without a count fail a size filter)."""
+    [``min_params``, ``max_params``] (default count: the structural count, else the published
+    total, else the base's; entries without any count fail a size filter)."""
     def norm(s: str) -> str:
         return re.sub(r"[\s_\-.]", "", s.lower())
 
+    count = count or _count
     words = [norm(w) for w in text.split() if norm(w)]
     out = []
     for entry in catalog().values():
