@@ -17,6 +17,17 @@ from memplan.units import GB
 
 runner = CliRunner()
 
+
+@pytest.fixture(autouse=True)
+def _forget_user_hardware():
+    """User rows live for the process (as in one CLI run); tests must not leak them."""
+    import memplan.hardware as hw
+    import memplan.hardware.nodes as nd
+
+    yield
+    hw._USER_DEVICES.clear()
+    nd._USER_NODES.clear()
+
 _GOOD = """
 [[device]]
 name = "LabGPU-96GB"
