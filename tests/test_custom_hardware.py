@@ -126,6 +126,10 @@ def test_cli_estimate_with_hardware_file_and_gpu_memory(tmp_path) -> None:
                               "--gpu-memory", "40GB", "--format", "json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["gpu"]["capacity_bytes"] == 40 * GB
+    res = runner.invoke(app, ["estimate", "meta-llama/Llama-3.2-1B", "--node", "DGX-A100-80GB",
+                              "--gpu-memory", "70GB", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["gpu"]["name"] == "A100-80GB[memory=70GB]"
     res = runner.invoke(app, ["estimate", "meta-llama/Llama-3.2-1B", "--gpu-set", "hbm=1"])
     assert res.exit_code == 2 and "hbm_gb_per_s" in res.output
     assert "Traceback" not in res.output

@@ -185,10 +185,10 @@ def estimate(
         from . import api
         from .custom_hardware import apply_hardware_options
 
-        name = apply_hardware_options(gpu, hardware=hardware, gpu_memory=gpu_memory,
-                                      gpu_set=gpu_set)
+        name, node_name = apply_hardware_options(gpu, hardware=hardware, gpu_memory=gpu_memory,
+                                                 gpu_set=gpu_set, node=node)
         return api.estimate_from_names(model, name, recipe_file=recipe, overrides=flags,
-                                       host_memory_bytes=_host_memory_bytes(), node=node,
+                                       host_memory_bytes=_host_memory_bytes(), node=node_name,
                                        host_ram=host_ram, nvme=nvme, pcie=pcie,
                                        host_overrides=host_flags)
 
@@ -246,8 +246,8 @@ def trace(
         _quiet_transformers()
         from .custom_hardware import apply_hardware_options
 
-        name = apply_hardware_options(gpu, hardware=hardware, gpu_memory=gpu_memory,
-                                      gpu_set=gpu_set)
+        name, _ = apply_hardware_options(gpu, hardware=hardware, gpu_memory=gpu_memory,
+                                         gpu_set=gpu_set)
         return api.trace_from_names(model, name or gpu, recipe_file=recipe, overrides=flags,
                                     host_memory_bytes=_host_memory_bytes())
 

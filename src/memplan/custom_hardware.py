@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .errors import ConfigError, ModelConfigError, did_you_mean
 from .hardware import Device, add_devices, get_device, parse_devices
-from .hardware.nodes import add_nodes, parse_nodes
+from .hardware.nodes import add_nodes, get_node, parse_nodes
 from .host import parse_size
 from .units import GB
 
@@ -117,12 +117,22 @@ def custom_gpu(base: str, *, gpu_memory: str | None = None,
 
 
 def apply_hardware_options(gpu: str | None, *, hardware: Path | None, gpu_memory: str | None,
-                           gpu_set: list[str] | None, default: str = "H100-80GB") -> str | None:
-    """What the CLI calls before resolving ``--gpu``: load ``--hardware``, then apply
-    ``--gpu-memory`` / ``--gpu-set`` to ``--gpu`` (or ``default``). Returns the GPU name to use
-    (``gpu`` unchanged when there is nothing to override)."""
+                           gpu_set: list[str] | None, node: str | None = None,
+                           default: str = "H100-80GB") -> tuple[str | None, str | None]:
+    """What the CLI calls before resolving ``--gpu`` / ``--node``: load ``--hardware``, then
+    apply ``--gpu-memory`` / ``--gpu-set`` to ``--gpu`` (else the node's GPU, else ``default``).
+    With a node, the overridden GPU goes into a copy of the node (``DGX-H100[...]``) so the two
+    still agree. Returns the GPU and node names to use (unchanged when nothing is overridden)."""
     if hardware is not None:
         load_hardware_file(hardware)
     if gpu_memory is None and not gpu_set:
-        return gpu
-    return custom_gpu(gpu or default, gpu_memory=gpu_memory, gpu_set=gpu_set or ()).name
+        return gpu, node
+    preset = get_node(node) if node else None
+    dev = custom_gpu(gpu or (preset.gpu if preset else default), gpu_memory=gpu_memory,
+                     gpu_set=gpu_set or ())
+    if preset is None or (gpu is not None and get_device(gpu).name != preset.gpu):
+        return dev.name, node  # a --gpu that differs from the node's: node_hardware says so
+    label = dev.name[len(preset.device.name):]
+    copy = dataclasses.replace(preset, name=preset.name + label, gpu=dev.name, aliases=())
+    add_nodes({copy.name: copy})
+    return dev.name, copy.name
