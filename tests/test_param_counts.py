@@ -53,21 +53,62 @@ def _count(model) -> int:
 ENTRIES = sorted(catalog())
 
 
+def _estimable(model_id: str) -> bool:
+    from memplan.errors import UnsupportedModel
+
+    try:
+        load_model(model_id)
+    except UnsupportedModel:
+        return False
+    return True
+
+
+def _published(model_id: str) -> int | None:
+    """The row's published total, else its base's when the variant changes nothing (a
+    ``base`` row without ``patch`` / ``unset`` has the base's architecture exactly)."""
+    entry = catalog()[model_id]
+    if entry.published_params or not entry.base or entry.patch or entry.unset:
+        return entry.published_params
+    return catalog()[entry.base].published_params
+
+
 @pytest.mark.parametrize("model_id", ENTRIES)
 def test_total_matches_transformers(model_id: str) -> None:
     entry = catalog()[model_id]
+    if not _estimable(model_id):
+        pytest.skip(f"{entry.family}: no memplan builder yet (issue #12 item 1); "
+                    "test_unestimable_families_match_published checks its config instead")
     spec = load_model(model_id)
     hf = _build_on_meta(entry.config())
     assert spec.num_params == _count(hf) + _t5_forced_tie(model_id, spec)
 
 
-@pytest.mark.parametrize("model_id", [i for i in ENTRIES if catalog()[i].published_params])
+def test_catalog_size_and_sources() -> None:
+    """Issue #12: at least 150 models, each with a source (the HF repo of its config)."""
+    assert len(catalog()) >= 150
+    assert all(e.source.strip() for e in catalog().values())
+    with_count = [i for i in ENTRIES if _published(i)]
+    assert len(with_count) >= 110, "most rows carry (or inherit) a published total (112 on 2026-11-24)"
+
+
+@pytest.mark.parametrize("model_id", [i for i in ENTRIES if not _estimable(i) and _published(i)])
+def test_unestimable_families_match_published(model_id: str) -> None:
+    """Families memplan cannot build yet (phi, starcoder2, qwen2_moe): the transcribed config,
+    built by transformers on the meta device, has exactly the published total (tolerance 0)."""
+    hf = _build_on_meta(catalog()[model_id].config())
+    assert _count(hf) == _published(model_id), catalog()[model_id].published_params_source
+
+
+@pytest.mark.parametrize("model_id", [i for i in ENTRIES if _estimable(i) and _published(i)])
 def test_total_matches_published(model_id: str) -> None:
-    """Published totals (model cards, papers, HF safetensors metadata) cited in models.toml."""
+    """Published totals (model cards, papers, HF safetensors metadata) cited in models.toml;
+    variants without their own figure are held to their base's (same architecture).
+    Tolerance: exact, except the stated Llama 2 checkpoint buffers below; tied embeddings are
+    counted once on both sides (the published safetensors totals store them once)."""
     entry = catalog()[model_id]
     got = load_model(model_id).num_params
-    published = entry.published_params
-    if model_id.startswith("meta-llama/Llama-2"):
+    published = _published(model_id)
+    if (entry.base or model_id).startswith("meta-llama/Llama-2"):
         # Llama 2 checkpoints also store rotary inv_freq buffers: 64 per layer (models.toml notes).
         published -= 64 * load_model(model_id).num_layers
     assert got == published, entry.published_params_source

@@ -97,13 +97,29 @@ def trace_from_names(model: str, recipe: Recipe, gpu: str = "H100-80GB",
     return trace(model, recipe, cpu_device(host_memory_bytes) if cpu else get_device(gpu))
 
 
-def catalog_rows() -> list[dict[str, Any]]:
-    """One row per catalog model with its structural parameter count."""
+def catalog_rows(search_text: str = "", *, family: str | None = None,
+                 min_params: int | None = None, max_params: int | None = None
+                 ) -> list[dict[str, Any]]:
+    """One row per catalog model (optionally searched, see ``model.catalog.search``) with its
+    structural parameter count. A family memplan cannot build yet stays listed, with
+    ``estimable`` False and the reason, instead of failing the listing."""
+    from .errors import MemplanError
+    from .model.catalog import search
+
     rows = []
-    for entry in catalog().values():
-        spec = load_model(entry.id)
-        rows.append({"id": entry.id, "aliases": list(entry.aliases), "model_type": spec.model_type,
-                     "params": spec.num_params, "layers": spec.num_layers,
-                     "hidden_size": spec.hidden_size, "vocab_size": spec.vocab_size,
-                     "published_params": entry.published_params, "source": entry.source})
+    for entry in search(search_text, family=family, min_params=min_params,
+                        max_params=max_params):
+        row: dict[str, Any] = {"id": entry.id, "aliases": list(entry.aliases),
+                               "model_type": entry.family, "base": entry.base or None,
+                               "published_params": entry.published_params,
+                               "source": entry.source}
+        try:
+            spec = load_model(entry.id)
+        except MemplanError as e:
+            row.update(estimable=False, why=str(e), params=None, layers=None, hidden_size=None,
+                       vocab_size=None)
+        else:
+            row.update(estimable=True, why="", params=spec.num_params, layers=spec.num_layers,
+                       hidden_size=spec.hidden_size, vocab_size=spec.vocab_size)
+        rows.append(row)
     return rows

@@ -68,6 +68,13 @@ def _host_memory_bytes() -> int:
 Opt = typer.Option
 
 
+_HW_HELP = {
+    "hardware": "TOML of extra [[device]] / [[node]] rows (the schema of the built-in "
+                "devices.toml / nodes.toml), usable by name in --gpu / --node.",
+    "gpu_memory": "Override the GPU's memory, e.g. 96GB or 94GiB (the rest of --gpu stays).",
+    "gpu_set": "Override one field of --gpu, e.g. hbm_gb_per_s=3900 or tflops_bf16=989 "
+               "(repeatable).",
+}
 _MODEL_HELP = ("HF id from the catalog (see `memplan models`), a config.json / model dir, or "
                "package.module:function.")
 
@@ -92,6 +99,9 @@ def estimate(
     prefetch: Annotated[int | None, host_option("prefetch")] = None,
     format: Annotated[str, Opt("--format", help="table | json.")] = "table",
     calibration: Annotated[Path | None, Opt(help="Rates from `memplan calibrate --out`.")] = None,
+    hardware: Annotated[Path | None, Opt(help=_HW_HELP["hardware"])] = None,
+    gpu_memory: Annotated[str | None, Opt(help=_HW_HELP["gpu_memory"])] = None,
+    gpu_set: Annotated[list[str] | None, Opt(help=_HW_HELP["gpu_set"])] = None,
     flags: dict[str, Any] | None = None,
 ) -> None:
     """Estimate per-GPU memory, host RAM, NVMe and step time of one training configuration.
@@ -102,10 +112,13 @@ def estimate(
 
     def run() -> Any:
         from . import api
+        from .custom_hardware import apply_hardware_options
         from .timing.calibration import load_calibration
 
+        name, node_name = apply_hardware_options(gpu, hardware=hardware, gpu_memory=gpu_memory,
+                                                 gpu_set=gpu_set, node=node)
         job, setup = api.load_job(recipe, flags, host_flags)
-        machine = api.Machine(gpu=gpu, node=node, host_ram=host_ram, nvme=nvme, pcie=pcie,
+        machine = api.Machine(gpu=name, node=node_name, host_ram=host_ram, nvme=nvme, pcie=pcie,
                               host_memory_bytes=_host_memory_bytes())
         cal = load_calibration(calibration) if calibration else None
         return api.estimate_from_names(model, job, machine, setup, calibration=cal)
@@ -148,6 +161,9 @@ def trace(
                                             "(underscores); flags given here override it.")] = None,
     modules: Annotated[int, Opt(help="Rows of the per-module table at the peak (0: none).")] = 12,
     format: Annotated[str, Opt("--format", help="table | json.")] = "table",
+    hardware: Annotated[Path | None, Opt(help=_HW_HELP["hardware"])] = None,
+    gpu_memory: Annotated[str | None, Opt(help=_HW_HELP["gpu_memory"])] = None,
+    gpu_set: Annotated[list[str] | None, Opt(help=_HW_HELP["gpu_set"])] = None,
     flags: dict[str, Any] | None = None,
 ) -> None:
     """Run the real model code for two training steps under fake tensors (no memory used) and
@@ -159,7 +175,11 @@ def trace(
 
         _need_torch("trace")
         _quiet_transformers()
-        return api.trace_from_names(model, api.load_recipe(recipe, flags), gpu,
+        from .custom_hardware import apply_hardware_options
+
+        name, _ = apply_hardware_options(gpu, hardware=hardware, gpu_memory=gpu_memory,
+                                         gpu_set=gpu_set)
+        return api.trace_from_names(model, api.load_recipe(recipe, flags), name or gpu,
                                     _host_memory_bytes())
 
     result = _guard(run)
@@ -191,12 +211,27 @@ def _need_torch(what: str) -> None:
 
 
 @app.command()
-def models(format: Annotated[str, Opt("--format", help="table | json.")] = "table") -> None:
-    """List the offline model catalog with exact parameter counts."""
+def models(
+    search: Annotated[str, Opt(help="Words that must all appear in the id or an alias, e.g. "
+                                    "'qwen instruct'.")] = "",
+    family: Annotated[str | None, Opt(help="model_type prefix, e.g. llama, qwen, gemma3.")] = None,
+    min_params: Annotated[str | None, Opt(help="Smallest size, e.g. 1B or 500M.")] = None,
+    max_params: Annotated[str | None, Opt(help="Largest size, e.g. 10B.")] = None,
+    format: Annotated[str, Opt("--format", help="table | json.")] = "table",
+) -> None:
+    """List (or search) the offline model catalog with exact parameter counts."""
     _check_format(format)
     from . import api
+    from .model.sizes import parse_count
 
-    rows = _guard(api.catalog_rows)
+    rows = _guard(lambda: api.catalog_rows(
+        search, family=family,
+        min_params=parse_count(min_params, "--min-params") if min_params else None,
+        max_params=parse_count(max_params, "--max-params") if max_params else None))
+    if not rows and format == "table":
+        _fail(f"no catalog model matches search={search!r} family={family!r} "
+              f"size=[{min_params or ''}, {max_params or ''}]. Fix: fewer words, or "
+              "`memplan models` for the whole list.")
     if format == "json":
         _emit_json(rows)
     else:

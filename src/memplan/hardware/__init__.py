@@ -12,11 +12,11 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from ..errors import UnknownDevice, did_you_mean
+from ..errors import Problems, UnknownDevice, did_you_mean
 from ..results import DeviceInfo
 from ..units import GB, MIB
 
-__all__ = ["Device", "devices", "get_device", "cpu_device"]
+__all__ = ["Device", "devices", "get_device", "cpu_device", "add_devices", "parse_devices"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,6 +80,52 @@ class Device:
         }
 
 
+_DEVICE_KEYS = {
+    "name": str, "vendor": str, "arch": str, "memory_gb": (int, float),
+    "memory_total_mib": int, "memory_torch_mib": int, "memory_total_source": str,
+    "hbm_gb_per_s": (int, float), "interconnect": str, "interconnect_gb_per_s": (int, float),
+    "pcie_gen": int, "pcie_lanes": int, "tdp_w": (int, float), "compute_capability": (str, float),
+    "aliases": list, "source": str, "notes": str,
+}
+"""Every key a ``[[device]]`` row may have, with its TOML type; ``tflops_<dtype>`` keys are
+numbers too. Built-in and user tables (``--hardware FILE``) go through the same check."""
+_DEVICE_REQUIRED = ("name", "vendor", "memory_gb", "source")
+_TFLOPS_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4", "int8")
+
+
+def check_row(row: dict[str, Any], keys: dict[str, Any], required: tuple[str, ...],
+              where: str, problems: Problems, *, tflops: bool = False) -> None:
+    """Record in ``problems`` every missing, unknown or mistyped key of one table row."""
+    label = f"{where} {row.get('name', '<no name>')!r}"
+    for key in required:
+        if key not in row:
+            problems.add(f"{label}: missing required key {key!r}. Fix: add it (required: "
+                         f"{', '.join(required)}).")
+    for key, value in row.items():
+        if tflops and key.startswith("tflops_"):
+            if key.removeprefix("tflops_") not in _TFLOPS_DTYPES:
+                problems.add(f"{label}: unknown key {key!r}; tflops dtypes are "
+                             f"{', '.join(_TFLOPS_DTYPES)}.")
+            want: Any = (int, float)
+        elif key not in keys:
+            problems.add(f"{label}: unknown key {key!r}.{did_you_mean(key, keys)} Known keys: "
+                         f"{', '.join(keys)}.")
+            continue
+        else:
+            want = keys[key]
+        if not isinstance(value, want) or isinstance(value, bool):
+            problems.add(f"{label}: {key}={value!r} has the wrong type; expected "
+                         f"{_type_names(want)}.")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
+            problems.add(f"{label}: {key}={value!r} must be > 0.")
+
+
+def _type_names(want: Any) -> str:
+    kinds = want if isinstance(want, tuple) else (want,)
+    return " or ".join({"str": "a string", "int": "an integer", "float": "a number",
+                        "list": "a list"}[k.__name__] for k in kinds)
+
+
 def _row(d: dict[str, Any]) -> Device:
     tflops = {k.removeprefix("tflops_"): float(v) for k, v in d.items() if k.startswith("tflops_")}
     return Device(
@@ -93,11 +139,42 @@ def _row(d: dict[str, Any]) -> Device:
     )
 
 
+def parse_devices(rows: Any, where: str) -> dict[str, Device]:
+    """Validate ``[[device]]`` rows (all problems in one ``ConfigError``) and build them."""
+    problems = Problems()
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        problems.add(f"{where}: 'device' must be an array of tables ([[device]] rows).")
+        problems.raise_if_any()
+    seen: set[str] = set()
+    for row in rows:
+        check_row(row, _DEVICE_KEYS, _DEVICE_REQUIRED, f"{where} device", problems, tflops=True)
+        key = normalize_name(str(row.get("name", "")))
+        if key in seen:
+            problems.add(f"{where}: device {row.get('name')!r} appears twice. Fix: keep one row.")
+        seen.add(key)
+    problems.raise_if_any()
+    return {row["name"]: _row(row) for row in rows}
+
+
 @cache
-def devices() -> dict[str, Device]:
-    """Every catalog device by canonical name (read on first use)."""
+def _builtin_devices() -> dict[str, Device]:
     text = resources.files("memplan.hardware").joinpath("devices.toml").read_text()
-    return {row["name"]: _row(row) for row in tomllib.loads(text)["device"]}
+    return parse_devices(tomllib.loads(text)["device"], "devices.toml")
+
+
+_USER_DEVICES: dict[str, Device] = {}
+"""Devices added at run time (``--hardware FILE``, ``--gpu-memory``); see ``add_devices``."""
+
+
+def devices() -> dict[str, Device]:
+    """Every catalog device by canonical name (built-in table read on first use), plus those
+    added by ``add_devices`` (a user row replaces a built-in one of the same name)."""
+    return {**_builtin_devices(), **_USER_DEVICES}
+
+
+def add_devices(new: dict[str, Device]) -> None:
+    """Make user-described devices visible to ``get_device`` for the rest of the process."""
+    _USER_DEVICES.update(new)
 
 
 def normalize_name(name: str) -> str:
@@ -112,7 +189,7 @@ def get_device(name: str) -> Device:
         UnknownDevice: no such device; the message suggests close names.
     """
     key = normalize_name(name)
-    for dev in devices().values():
+    for dev in reversed(devices().values()):
         if key == normalize_name(dev.name) or key in (normalize_name(a) for a in dev.aliases):
             return dev
     names = list(devices()) + [a for d in devices().values() for a in d.aliases]

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import threading
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..errors import ModelConfigError, UnknownModel, did_you_mean
 from .catalog import catalog, find
@@ -60,13 +63,42 @@ def _from_hf_cache(repo_id: str) -> Path | None:
     return None
 
 
+def _hub_reachable(timeout_s: float = 1.5) -> bool:
+    """Whether a TCP connection to the Hub endpoint (``HF_ENDPOINT``, default huggingface.co)
+    opens within ``timeout_s``. Without this probe, huggingface_hub retries an unreachable Hub
+    with backoff for ~24 s before giving up; the probe runs in a daemon thread so a hanging
+    DNS lookup cannot hold the caller longer either."""
+    url = urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    ok: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout_s).close()
+            ok.append(True)
+        except OSError:
+            pass
+
+    worker = threading.Thread(target=probe, daemon=True)
+    worker.start()
+    worker.join(timeout_s + 0.5)
+    return bool(ok)
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+
+
 def _from_hub(repo_id: str) -> Path | None:
-    """Download only config.json, when huggingface_hub is installed and we are not offline."""
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+    """Download only config.json, when huggingface_hub is installed, we are not offline
+    (``HF_HUB_OFFLINE``) and the Hub answers at once."""
+    if _offline():
         return None
     try:
         from huggingface_hub import hf_hub_download
     except ImportError:
+        return None
+    if not _hub_reachable():
         return None
     try:
         return Path(hf_hub_download(repo_id, "config.json"))
@@ -127,10 +159,22 @@ def load_model(name: str) -> ModelSpec:
             return from_hf_config(read_config_json(found), name, where=str(found),
                                   source=f"Hugging Face config.json ({found})")
     ids = list(catalog()) + [a for e in catalog().values() for a in e.aliases]
-    raise UnknownModel(
-        f"model {name!r} is not in the catalog, not a local file, and no config.json for it was "
-        f"found in the Hugging Face cache (or the Hub is unreachable/offline).{did_you_mean(name, ids)}"
-        " Fix: pass a path to its config.json or model directory, download it first with "
-        "`huggingface-cli download <id> config.json`, or pass a 'package.module:function' "
-        "factory. `memplan models` lists the catalog."
-    )
+    raise UnknownModel(_not_found_message(name, ids))
+
+
+def _not_found_message(name: str, ids: list[str]) -> str:
+    """What to do when ``name`` is nowhere: the exact download command for a repo id."""
+    why = ("HF_HUB_OFFLINE is set" if _offline() else "the Hub is not reachable from here "
+           "(or huggingface_hub is not installed)")
+    text = (f"model {name!r} is not in the catalog, not a local file, and no config.json for it "
+            f"was found in the Hugging Face cache; {why}.{did_you_mean(name, ids)}")
+    if _looks_like_repo_id(name):
+        folder = name.split("/")[1]
+        return text + (
+            f" Fix: on a machine with network, run `hf download {name} config.json --local-dir "
+            f"{folder}` (older huggingface_hub: `huggingface-cli download {name} config.json "
+            f"--local-dir {folder}`), then pass `{folder}/config.json` (or the folder) as MODEL. "
+            "`memplan models --search TEXT` searches the offline catalog.")
+    return text + (" Fix: pass a path to a config.json or model directory, a Hub id "
+                   "(org/name), or a 'package.module:function' factory. `memplan models` lists "
+                   "the catalog.")

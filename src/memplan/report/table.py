@@ -132,8 +132,13 @@ def render_models(rows: list[dict[str, Any]]) -> Table:
     t = Table(title="memplan model catalog (offline)", title_justify="left")
     for col, just in (("id", "left"), ("type", "left"), ("params", "right"), ("layers", "right"),
                       ("hidden", "right"), ("vocab", "right")):
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
+        t.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
     for r in rows:
+        if not r.get("estimable", True):
+            n = r.get("published_params")
+            t.add_row(r["id"], r["model_type"], fmt_count(n) if n else "?",
+                      "[yellow]not yet estimable[/]", "", "")
+            continue
         t.add_row(r["id"], r["model_type"], fmt_count(r["params"]), str(r["layers"]),
                   str(r["hidden_size"]), str(r["vocab_size"]))
     return t
