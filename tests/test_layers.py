@@ -25,10 +25,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("runtime",),
     # the analytic models and the torch side's users, side by side; none imports another
     ("estimate", "host", "timing", "trace", "measure"),
-    ("system",),
+    ("system", "custom_hardware"),
+    ("calibrate",),  # memplan calibrate's micro-benchmarks (torch), over timing's Calibration
     ("report", "validate"),
     ("api", "cli_options"),
-    ("web",),  # memplan serve: the page over api and report (issue #16)
+    ("web", "cli_calibrate"),  # memplan serve: the page over api and report (issue #16)
     ("cli", "__init__"),
     ("__main__",),
 )
@@ -44,7 +45,7 @@ ALLOWED: dict[tuple[str, str], str] = {
 
 NO_TORCH_AT_IMPORT = ("errors", "units", "results", "facts", "model", "hardware", "recipe",
                       "breakdown", "estimate", "host", "timing", "system", "report", "api",
-                      "cli_options", "cli", "web")
+                      "cli_options", "cli", "web", "custom_hardware", "cli_calibrate")
 """Packages that must not import torch at module level (``memplan estimate`` starts fast)."""
 
 MAX_LINES = 420

@@ -11,13 +11,11 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 
-from .cli_options import host_option, recipe_options
-from .cli_options import host_option, recipe_options
-from .errors import MemplanError
+from .cli_options import fail as _fail, guard as _guard, host_option, recipe_options
 
 app = typer.Typer(
     add_completion=False,
@@ -26,25 +24,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-T = TypeVar("T")
 _FORMATS = ("table", "json")
-
-
-def _fail(message: str, code: int = 2) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-
-    # the message is plain text: brackets in it ([[case]], [host]) are not rich markup
-    Console(stderr=True).print(f"[bold red]Error:[/] {escape(message)}", highlight=False)
-    raise typer.Exit(code)
-
-
-def _guard(fn: Callable[[], T]) -> T:
-    try:
-        return fn()
-    except MemplanError as e:
-        _fail(str(e), e.exit_code)
-        raise AssertionError("unreachable") from None
 
 
 def _check_format(fmt: str) -> None:

@@ -30,7 +30,7 @@ def calibrate_command(
 ) -> None:
     """Time GEMMs of MODEL's real shapes, attention, HBM bandwidth, host-device copies and
     (under torchrun) all-reduce on this machine; write --out for `estimate --calibration`."""
-    from .cli import _guard
+    from .cli_options import guard as _guard
     from .errors import ConfigError
     from .hardware import get_device
     from .model import load_model

@@ -12,10 +12,11 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
+from .errors import MemplanError
 from .recipe.describe import FieldInfo, describe_dataclass, describe_fields
 
 __all__ = ["recipe_options", "option_help", "host_option"]
@@ -75,3 +76,25 @@ def recipe_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in params}
     return wrapper
+
+
+T = TypeVar("T")
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print ``message`` as the CLI's error line on stderr and exit with ``code``."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    # the message is plain text: brackets in it ([[case]], [host]) are not rich markup
+    Console(stderr=True).print(f"[bold red]Error:[/] {escape(message)}", highlight=False)
+    raise typer.Exit(code)
+
+
+def guard(fn: Callable[[], T]) -> T:
+    """Run ``fn``; a ``MemplanError`` becomes the CLI's error line and its exit code."""
+    try:
+        return fn()
+    except MemplanError as e:
+        fail(str(e), e.exit_code)
+        raise AssertionError("unreachable") from None
