@@ -23,8 +23,11 @@ UNIT_BYTES = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20}
 
 
 def _constant(ref: str) -> float:
-    """``module:NAME``, ``module:NAME[key]`` or ``module:cublas_workspace_bytes(GPU)``."""
+    """``module:NAME``, ``module:NAME[key]``, ``module:cublas_workspace_bytes(GPU)`` or
+    ``module:constant(KEY)`` (a row of memplan's facts tables)."""
     module, name = ref.split(":")
+    if name.startswith("constant("):
+        return importlib.import_module(module).constant(name[len("constant("):-1])
     if name.startswith("cublas_workspace_bytes("):
         return cublas_workspace_bytes(get_device(name[len("cublas_workspace_bytes("):-1]))
     key = None
