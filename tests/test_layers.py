@@ -27,9 +27,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("estimate", "host", "timing", "trace", "measure"),
     ("system", "custom_hardware"),
     ("calibrate",),  # memplan calibrate's micro-benchmarks (torch), over timing's Calibration
-    ("report", "validate"),
+    ("report", "validate", "export"),  # export: recipe -> engine configs and back
     ("api", "cli_options"),
-    ("web", "cli_calibrate"),  # memplan serve: the page over api and report (issue #16)
+    ("web", "cli_calibrate", "cli_export"),  # memplan serve: the page over api and report (issue #16)
     ("cli", "__init__"),
     ("__main__",),
 )
@@ -45,7 +45,8 @@ ALLOWED: dict[tuple[str, str], str] = {
 
 NO_TORCH_AT_IMPORT = ("errors", "units", "results", "facts", "model", "hardware", "recipe",
                       "breakdown", "estimate", "host", "timing", "system", "report", "api",
-                      "cli_options", "cli", "web", "custom_hardware", "cli_calibrate")
+                      "cli_options", "cli", "web", "custom_hardware", "cli_calibrate",
+                      "export", "cli_export")
 """Packages that must not import torch at module level (``memplan estimate`` starts fast)."""
 
 MAX_LINES = 420

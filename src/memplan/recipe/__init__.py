@@ -10,8 +10,9 @@ A planner varies one part without touching the others::
 
 A recipe is also a flat table of keys (each field's CLI flag, with underscores): that is its
 TOML and JSON form (``recipe.io``), and a part's table (``[parallelism]``) is accepted too.
-The engine (DeepSpeed / FSDP / Megatron settings) and the training-loop parts of later issues
-join as further fields of ``Recipe``, and appear in the flat table, the CLI and
+The engine (``recipe.engine``: DDP / FSDP / DeepSpeed / Megatron / torchtitan and their config
+knobs, ``recipe/engine.py``) is one such part; the training-loop parts of later issues join as
+further fields of ``Recipe``, and appear in the flat table, the CLI and
 ``describe_fields`` by being added to ``PARTS``.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 
 from ..errors import ConfigError, Problems, did_you_mean
 from .check import field_key
+from .engine import Engine, EngineKind, engine_problems, resolve_engine
 from .io import read_recipe_file, read_recipe_toml, to_toml
 from .parts import (
     PARTS,
@@ -51,7 +53,7 @@ __all__ = [
     "Offload", "Loss", "Platform", "PrecisionKind", "OptimizerKind", "MethodKind", "Quant",
     "CheckpointingKind", "Attention", "LossKind", "OffloadKind", "DeviceKind", "GradDtype",
     "PARTS", "KEYS", "PRECISIONS", "OPTIMIZERS", "METHODS", "QUANTS", "OFFLOADS",
-    "read_recipe_toml", "read_recipe_file",
+    "read_recipe_toml", "read_recipe_file", "Engine", "EngineKind", "ENGINES",
 ]
 
 PRECISIONS = tuple(str(c) for c in PrecisionKind)
@@ -59,6 +61,7 @@ OPTIMIZERS = tuple(str(c) for c in OptimizerKind)
 METHODS = tuple(str(c) for c in MethodKind)
 QUANTS = tuple(str(c) for c in Quant)
 OFFLOADS = tuple(str(c) for c in OffloadKind)
+ENGINES = tuple(str(c) for c in EngineKind)
 
 KEYS: dict[str, tuple[str, str]] = {
     field_key(f): (part, f.name) for part, cls in PARTS.items() for f in fields(cls)}
@@ -88,6 +91,8 @@ class Recipe:
     """How the cross-entropy is computed."""
     platform: Platform = field(default_factory=Platform)
     """Device kind, attention kernel and allocator setting."""
+    engine: Engine = field(default_factory=Engine)
+    """The training engine (DDP, FSDP, DeepSpeed, Megatron, torchtitan) and its config knobs."""
     notes: tuple[str, ...] = field(default=(), compare=False)
     """Free-form remarks carried into the report."""
 
@@ -141,6 +146,18 @@ class Recipe:
         if self.precision.kind == "fp8-mixed" and self.platform.device == "cpu":
             p.add("precision=fp8-mixed needs FP8 tensor cores (Hopper or newer); use "
                   "device=cuda.")
+        engine_problems(p, self.engine, par, self.offload)
+
+    @property
+    def engine_kind(self) -> EngineKind:
+        """The engine that runs the job (``auto`` resolved: zero >= 1 -> deepspeed, else
+        ddp); ``engine_assumed`` says whether it was inferred."""
+        return resolve_engine(self.engine, self.parallelism)[0]
+
+    @property
+    def engine_assumed(self) -> bool:
+        """True when ``engine = auto`` and ``engine_kind`` was inferred from zero."""
+        return resolve_engine(self.engine, self.parallelism)[1]
 
     # ---- derived values -------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from enum import StrEnum
 
 from ..model.spec import LORA_TARGETS
 from .check import check_part
+from .engine import Engine
 
 __all__ = [
     "PrecisionKind", "GradDtype", "OptimizerKind", "MethodKind", "Quant", "AdapterDtype",
@@ -301,6 +302,6 @@ class Platform:
 PARTS: dict[str, type] = {
     "precision": Precision, "optimizer": Optimizer, "method": Method, "batch": Batch,
     "parallelism": Parallelism, "checkpointing": Checkpointing, "offload": Offload,
-    "loss": Loss, "platform": Platform,
+    "loss": Loss, "platform": Platform, "engine": Engine,
 }
 """The parts of a ``Recipe``, by attribute name, in the order of the flat table."""

@@ -33,6 +33,12 @@ def _recipe_line(r: dict[str, Any]) -> str:
         parts.append(f"ZeRO-{r['zero']}")
     if r["offload"] != "none":
         parts.append(f"offload={r['offload']}")
+    engine = r.get("engine", "auto")
+    if engine == "auto" and r["gpus"] > 1:  # one GPU runs the same under every engine
+        parts.append(f"engine={'deepspeed' if r['zero'] else 'ddp'} (assumed from zero="
+                     f"{r['zero']}; set --engine)")
+    elif engine != "auto":
+        parts.append(f"engine={engine}")
     return ", ".join(parts)
 
 

@@ -1,0 +1,129 @@
+"""The ``Engine`` part of a recipe: which training engine runs the job (DDP, FSDP2, FSDP1,
+DeepSpeed, Megatron-Core, torchtitan) and the engine knobs its config files carry.
+
+``kind = auto`` keeps memplan's behaviour from before the part existed: the engine is inferred,
+``zero >= 1`` -> DeepSpeed, else DDP (``resolve_engine``), and the output says it was assumed.
+The knobs' defaults are the engines' own defaults (DeepSpeed ``DeepSpeedZeroConfig``, torch
+``fully_shard``), so a recipe that names none of them describes the run memplan estimated
+before. ``memplan export`` writes them into the engine's config and ``--from`` reads them back.
+
+Kept in its own module (issue #14) so that the engines' memory modelling (the "What each engine
+really does with memory" issue) can extend it without touching the other parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from .check import check_part
+
+if TYPE_CHECKING:
+    from ..errors import Problems
+    from .parts import Offload, Parallelism
+
+__all__ = ["EngineKind", "Engine", "resolve_engine", "engine_problems"]
+
+
+class EngineKind(StrEnum):
+    AUTO = "auto"
+    DDP = "ddp"
+    FSDP2 = "fsdp2"
+    FSDP1 = "fsdp1"
+    DEEPSPEED = "deepspeed"
+    MEGATRON = "megatron"
+    TORCHTITAN = "torchtitan"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Engine:
+    """The training engine and the knobs of its config file (defaults: the engine's own)."""
+
+    kind: EngineKind = field(default=EngineKind.AUTO, metadata={"key": "engine"})
+    """``ddp``, ``fsdp2`` (``fully_shard``), ``fsdp1`` (``FullyShardedDataParallel``),
+    ``deepspeed``, ``megatron`` (Megatron-Core, distributed optimizer for zero=1),
+    ``torchtitan``; ``auto``: DeepSpeed when zero >= 1, else DDP (said in the output)."""
+    reduce_bucket_size: int = field(default=500_000_000, metadata={"min": 1})
+    """DeepSpeed ``zero_optimization.reduce_bucket_size``, elements (default 5e8)."""
+    allgather_bucket_size: int = field(default=500_000_000, metadata={"min": 1})
+    """DeepSpeed ``zero_optimization.allgather_bucket_size``, elements (default 5e8)."""
+    overlap_comm: bool = False
+    """DeepSpeed ``overlap_comm``: reduce gradients while the backward runs (more buckets
+    alive)."""
+    contiguous_gradients: bool = True
+    """DeepSpeed ``contiguous_gradients``: copy reduced gradients into one flat buffer."""
+    stage3_max_live_parameters: int = field(default=1_000_000_000, metadata={"min": 0})
+    """DeepSpeed ZeRO-3 ``stage3_max_live_parameters``: gathered parameters kept alive,
+    elements (default 1e9)."""
+    stage3_prefetch_bucket_size: int = field(default=50_000_000, metadata={"min": 0})
+    """DeepSpeed ZeRO-3 ``stage3_prefetch_bucket_size``, elements (default 5e7)."""
+    stage3_param_persistence_threshold: int = field(default=100_000, metadata={"min": 0})
+    """DeepSpeed ZeRO-3: parameters smaller than this many elements stay gathered (default
+    1e5)."""
+    sub_group_size: int = field(default=1_000_000_000, metadata={"min": 1})
+    """DeepSpeed ``sub_group_size``: optimizer step granularity under offload, elements
+    (default 1e9)."""
+    offload_pin_memory: bool = False
+    """Offloaded states in pinned (page-locked) host memory (DeepSpeed ``pin_memory``)."""
+    offload_buffer_count: int = field(default=5, metadata={"min": 1})
+    """DeepSpeed ``offload_param.buffer_count``: parameter swap buffers for NVMe offload
+    (default 5)."""
+    reshard_after_forward: bool = True
+    """FSDP: free gathered parameters after each unit's forward (``FULL_SHARD``); false keeps
+    them to the backward (``SHARD_GRAD_OP``)."""
+
+    def __post_init__(self) -> None:
+        check_part(self)
+
+
+def resolve_engine(engine: Engine, par: Parallelism) -> tuple[EngineKind, bool]:
+    """The engine that runs the job and whether it was assumed (``auto``): DeepSpeed when the
+    recipe shards with ZeRO (zero >= 1), else DDP, memplan's modelling before the part
+    existed."""
+    if engine.kind != EngineKind.AUTO:
+        return engine.kind, False
+    return (EngineKind.DEEPSPEED if par.zero >= 1 else EngineKind.DDP), True
+
+
+_ZERO_OK: dict[EngineKind, tuple[int, ...]] = {
+    EngineKind.DDP: (0,),
+    EngineKind.FSDP1: (0, 2, 3),  # NO_SHARD, SHARD_GRAD_OP, FULL_SHARD
+    EngineKind.FSDP2: (3,),  # fully_shard always shards parameters
+    EngineKind.DEEPSPEED: (0, 1, 2, 3),
+    EngineKind.MEGATRON: (0, 1),  # use_distributed_optimizer shards optimizer states only
+    EngineKind.TORCHTITAN: (0, 3),  # dp_replicate (DDP) or dp_shard (FSDP2)
+}
+"""ZeRO stages each engine can express (its docs; torch FSDP ``ShardingStrategy``)."""
+
+_OFFLOAD_OK: dict[EngineKind, tuple[str, ...]] = {
+    EngineKind.DDP: ("none",),
+    EngineKind.FSDP1: ("none", "params+optimizer"),  # CPUOffload(offload_params=True)
+    EngineKind.FSDP2: ("none", "params+optimizer"),  # CPUOffloadPolicy
+    EngineKind.DEEPSPEED: ("none", "optimizer", "params+optimizer", "nvme"),
+    EngineKind.MEGATRON: ("none", "optimizer"),  # optimizer_cpu_offload
+    EngineKind.TORCHTITAN: ("none", "params+optimizer"),  # training.enable_cpu_offload
+}
+
+
+def engine_problems(p: Problems, engine: Engine, par: Parallelism, offload: Offload) -> None:
+    """Add a problem for each combination the named engine cannot run."""
+    kind = engine.kind
+    if kind == EngineKind.AUTO:
+        return
+    stages = _ZERO_OK[kind]
+    if par.zero not in stages:
+        p.add(f"engine={kind} cannot run zero={par.zero}: it expresses zero in "
+              f"{', '.join(map(str, stages))}. Change zero or use engine=deepspeed.")
+    if str(offload.kind) not in _OFFLOAD_OK[kind]:
+        p.add(f"engine={kind} cannot offload {offload.kind!s}: it offers "
+              f"{', '.join(_OFFLOAD_OK[kind])}. Use engine=deepspeed for that offload.")
+    if kind in (EngineKind.DDP, EngineKind.FSDP1, EngineKind.FSDP2, EngineKind.DEEPSPEED) \
+            and (par.tp > 1 or par.pp > 1 or par.cp > 1 or par.ep > 1):
+        if kind != EngineKind.DEEPSPEED or par.tp > 1 or par.cp > 1:
+            p.add(f"engine={kind} has no built-in tensor/pipeline/context/expert parallelism "
+                  f"(tp={par.tp}, pp={par.pp}, cp={par.cp}, ep={par.ep}); use engine=megatron "
+                  "or engine=torchtitan.")
+    if kind == EngineKind.DEEPSPEED and par.pp > 1 and par.zero >= 2:
+        p.add(f"engine=deepspeed runs pipeline parallelism (pp={par.pp}) with zero 0 or 1 only "
+              "(DeepSpeed's PipelineEngine); lower zero or use engine=megatron.")
