@@ -40,7 +40,7 @@ def _kpi(html, key):
 def test_page_has_a_control_for_every_recipe_field(client):
     r = client.get("/")
     assert r.status_code == 200
-    names = set(re.findall(r'data-field="([a-z_]+)"', r.text))
+    names = set(re.findall(r'data-field="([a-z0-9_]+)"', r.text))
     assert {f.key for f in describe_fields()} - {"notes"} <= names
     assert {"model", "gpu", "node"} <= names
     # choices offered are the recipe's; numbers carry bounds
@@ -221,3 +221,12 @@ def test_cli_serve_binds_loopback_by_default(monkeypatch):
     assert r.exit_code == 0, r.output
     assert seen == {"host": "127.0.0.1", "port": 9999}
     assert "http://127.0.0.1:9999/" in r.output
+
+
+def test_every_default_is_inside_the_page_bounds():
+    """A default outside its control's bounds makes the browser refuse the whole form."""
+    from memplan.web.fields import recipe_fields
+
+    for s in recipe_fields():
+        if s.kind in ("int", "float"):
+            assert s.minimum <= s.default <= s.maximum, s

@@ -20,6 +20,11 @@ UPPER: dict[str, float] = {
     "gpus_per_node": 1024, "lora_rank": 65536, "lora_alpha": 1_000_000, "tp": 4096, "pp": 4096,
     "pp_virtual": 1024, "cp": 4096, "ep": 4096, "hybrid_shard": 1_048_576, "zero": 3,
     "freeze_trainable_layers": 100_000, "moe_capacity_factor": 1000.0,
+    # DeepSpeed's bucket and ZeRO-3 knobs count elements; their defaults are 1e5..1e9
+    "reduce_bucket_size": 10**12, "allgather_bucket_size": 10**12,
+    "stage3_max_live_parameters": 10**12, "stage3_prefetch_bucket_size": 10**12,
+    "stage3_param_persistence_threshold": 10**12, "sub_group_size": 10**12,
+    "offload_buffer_count": 1024,
 }
 """The page's upper bound per numeric field: far above any real run, low enough that a request
 stays cheap (the recipe's own checks still apply below them)."""
