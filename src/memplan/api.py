@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,19 +45,48 @@ def load_recipe(recipe_file: str | Path | None = None,
 
 
 def load_job(recipe_file: str | Path | None = None, overrides: dict[str, Any] | None = None,
-             host_overrides: dict[str, Any] | None = None) -> tuple[Recipe, HostSetup]:
+             host_overrides: dict[str, Any] | None = None, *,
+             engine_file: str | Path | None = None, model: str | None = None,
+             ) -> tuple[Recipe, HostSetup]:
     """The recipe and its ``[host]`` table from one read of an optional file, each with its
-    overrides on top, validated once after merging."""
+    overrides on top, validated once after merging. ``engine_file`` (``--from``) is an engine's
+    config (ds_config, accelerate YAML, TrainingArguments JSON, torchtitan TOML, Lightning or
+    Megatron JSON, torchrun script) read into recipe keys between the recipe file and the
+    overrides; what was read, resolved and ignored goes into the recipe's notes. ``model``
+    sizes DeepSpeed's hidden-size "auto" values."""
+    from .export import read_engine_file
+
     data = read_recipe_file(recipe_file) if recipe_file is not None else {}
+    notes: tuple[str, ...] = ()
+    if engine_file is not None:
+        imported = read_engine_file(engine_file, hidden_size=_hidden_size(model))
+        if imported is None:  # memplan's own recipe file given as --from
+            data = {**data, **read_recipe_file(engine_file)}
+        else:
+            data = {**data, **imported.keys}
+            notes = imported.notes(str(engine_file))
     table = data.pop("host", {})
-    where = str(recipe_file or "recipe")
+    where = str(recipe_file or engine_file or "recipe")
     recipe = Recipe.from_dict({**data, **(overrides or {})}, where=where)
+    if notes:
+        recipe = replace(recipe, notes=recipe.notes + notes)
     if not isinstance(table, dict):
         from .errors import ModelConfigError
 
         raise ModelConfigError(f"{where}: 'host' must be a table ([host]), got {table!r}.")
     setup = HostSetup.from_dict({**table, **(host_overrides or {})}, where=f"{where} [host]")
     return recipe, setup
+
+
+def _hidden_size(model: str | None) -> int | None:
+    if model is None:
+        return None
+    from .errors import MemplanError
+
+    try:
+        return load_model(model).hidden_size
+    except MemplanError:  # the estimate reports a bad MODEL itself
+        return None
 
 
 def estimate_from_names(model: str | ModelSpec, recipe: Recipe, machine: Machine | None = None,

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .cli_options import fail as _fail, guard as _guard, host_option, recipe_options
+from .cli_options import FROM_HELP, fail as _fail, guard as _guard, host_option, recipe_options
 
 app = typer.Typer(
     add_completion=False,
@@ -66,6 +66,7 @@ def estimate(
                                         "(default: the --node's GPU, else H100-80GB)")] = None,
     recipe: Annotated[Path | None, Opt(help="Recipe TOML or JSON with the same names "
                                             "(underscores); flags given here override it.")] = None,
+    from_file: Annotated[Path | None, Opt("--from", help=FROM_HELP)] = None,
     node: Annotated[str | None, Opt(help="Node preset (nodes.toml), e.g. DGX-H100, p5.48xlarge: "
                                          "host RAM, NVMe, PCIe, NVLink, network, CPU cores.")] = None,
     host_ram: Annotated[str | None, Opt(help="Host RAM per node, e.g. 2TiB or 1900GiB "
@@ -97,7 +98,7 @@ def estimate(
 
         name, node_name = apply_hardware_options(gpu, hardware=hardware, gpu_memory=gpu_memory,
                                                  gpu_set=gpu_set, node=node)
-        job, setup = api.load_job(recipe, flags, host_flags)
+        job, setup = api.load_job(recipe, flags, host_flags, engine_file=from_file, model=model)
         machine = api.Machine(gpu=name, node=node_name, host_ram=host_ram, nvme=nvme, pcie=pcie,
                               host_memory_bytes=_host_memory_bytes())
         cal = load_calibration(calibration) if calibration else None
@@ -406,6 +407,9 @@ def serve(
 from .cli_calibrate import calibrate_command  # noqa: E402  (its own module: issue #19)
 
 app.command("calibrate")(calibrate_command)
+from .cli_export import export_command  # noqa: E402  (its own module: issue #14)
+
+app.command("export")(export_command)
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ import typer
 from .errors import MemplanError
 from .recipe.describe import FieldInfo, describe_dataclass, describe_fields
 
-__all__ = ["recipe_options", "option_help", "host_option"]
+__all__ = ["recipe_options", "option_help", "host_option", "FROM_HELP"]
 
 _TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool, "list": str}
 
@@ -36,6 +36,11 @@ def option_help(info: FieldInfo) -> str:
     elif isinstance(default, list):
         default = ",".join(default) or "none"
     return f"{text} (default: {default})"
+
+
+FROM_HELP = ("An engine's config read into the recipe (ds_config JSON, accelerate YAML, HF "
+             "TrainingArguments JSON, torchtitan TOML, Lightning/Megatron JSON from `memplan "
+             "export`, torchrun script); flags given here override it.")
 
 
 def _parameter(info: FieldInfo, name: str | None = None) -> inspect.Parameter:
