@@ -165,3 +165,13 @@ def test_nodes_lists_the_presets_for_node():
     assert rows["DGX-H100"]["gpus"] == 8 and rows["DGX-H100"]["host_ram_gib"] == 2048
     assert all(row["source"] for row in rows.values())
     assert "DGX-H100" in _run("nodes").stdout
+
+
+def test_guard_keeps_library_prints_off_stdout(capsys):
+    """Frameworks that print on import (DeepSpeed's logger writes to stdout) must not corrupt
+    the JSON of trace and validate."""
+    from memplan.cli_options import guard
+
+    assert guard(lambda: print("library noise") or 7, stdout_to_stderr=True) == 7
+    out, err = capsys.readouterr()
+    assert out == "" and "library noise" in err

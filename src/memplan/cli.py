@@ -163,7 +163,7 @@ def trace(
         return api.trace_from_names(model, api.load_recipe(recipe, flags), name or gpu,
                                     _host_memory_bytes())
 
-    result = _guard(run)
+    result = _guard(run, stdout_to_stderr=True)
     if format == "json":
         from .runtime.steps import module_table
 
@@ -356,7 +356,7 @@ def validate(
                            on_case=lambda r: bar.update(task, advance=1,
                                                         description=r.case.name))
 
-    report = _guard(run).to_dict()
+    report = _guard(run, stdout_to_stderr=True).to_dict()
     if format == "json":
         _emit_json(report)
     else:

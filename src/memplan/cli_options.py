@@ -96,9 +96,20 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def guard(fn: Callable[[], T]) -> T:
-    """Run ``fn``; a ``MemplanError`` becomes the CLI's error line and its exit code."""
+def guard(fn: Callable[[], T], *, stdout_to_stderr: bool = False) -> T:
+    """Run ``fn``; a ``MemplanError`` becomes the CLI's error line and its exit code.
+
+    ``stdout_to_stderr``: whatever ``fn`` prints goes to stderr, so that the command's own
+    output (JSON) stays the only thing on stdout. For commands that import training frameworks:
+    DeepSpeed's logger writes to stdout when it is imported (``deepspeed/utils/logging.py``
+    ``StreamHandler(sys.stdout)``), and accelerate and transformers import it when installed."""
+    import contextlib
+    import sys
+
     try:
+        if stdout_to_stderr:
+            with contextlib.redirect_stdout(sys.stderr):
+                return fn()
         return fn()
     except MemplanError as e:
         fail(str(e), e.exit_code)
