@@ -13,6 +13,7 @@ from ...model.traits import GRAPHS, Graph, Mla, Norm, NormPlacement, QkNorm, Tra
 from .blocks import Blocks, Ctx
 from .graph import Graph as OpGraph
 from .graph import Tensor
+from .ln_decoder import gelu_new, ln_decoder_layer
 
 __all__ = ["stage_graph"]
 
@@ -169,7 +170,12 @@ def _moe(b: Blocks, y: Tensor, h: int, ffn: Any, tp: int) -> Tensor:
         fs = ffn.shared_intermediate_size // tp
         gt = b.linear(y, h, fs, role=("gate",))
         up = b.linear(y, h, fs, role=("up",))
-        res = b.add(res, b.linear(b.mul(b.unary(gt), up), fs, h, role=("down",)))
+        shared = b.linear(b.mul(b.unary(gt), up), fs, h, role=("down",))
+        if ffn.shared_gate:  # Qwen2-MoE: sigmoid(shared_expert_gate(x)) * shared (sigmoid
+            # saves its output, the mul both operands)
+            gate = b.unary(b.linear(y, h, 1), saves_input=False, saves_output=True)
+            shared = b.mul(gate, shared)
+        res = b.add(res, shared)
     return res
 
 
@@ -214,17 +220,6 @@ def _qkv_attention(b: Blocks, y: Tensor, h: int, heads: int, d: int, *, attentio
     return b.linear(o, heads * d, h, bias=True, role=("o",))
 
 
-def _gelu_new(b: Blocks, x: Tensor) -> Tensor:
-    """GPT-2 ``NewGELUActivation`` in Python ops: ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x +
-    0.044715 * x**3)))``: pow saves x, tanh its output, the last mul both operands."""
-    p3 = b.unary(x)
-    inner = b.add(x, b.scale(p3))
-    t = b.unary(b.scale(inner), saves_input=False, saves_output=True)
-    one = b.scale(t)
-    half = b.scale(x)
-    return b.mul(half, one)
-
-
 def _classic_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: int,
                    attention: str, mask: Tensor | None, selective: bool) -> Tensor:
     """GPT-2 (pre-LN, Conv1D, gelu_new, dropout everywhere), GPT-NeoX (parallel residual,
@@ -240,7 +235,7 @@ def _classic_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: i
 
     def mlp(y: Tensor) -> Tensor:
         u = b.linear(y, h, f, bias=True, role=("up",))
-        act = _gelu_new(b, u) if tr.graph is Graph.GPT2 else b.unary(u)
+        act = gelu_new(b, u) if tr.graph is Graph.GPT2 else b.unary(u)
         return b.dropout(b.linear(act, f, h, bias=True, role=("down",)), p_res)
 
     if tr.placement is NormPlacement.POST_LN:  # BERT
@@ -295,7 +290,8 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
             masks[kind] = b.new(ctx.batch * ctx.seq * ctx.seq, ctx.act, grad=False)
             g.op([], (masks[kind],))
     kinds = tr.layer_types
-    layer_fn = _llama_layer if tr.graph is Graph.DECODER else _classic_layer
+    layer_fn = {Graph.DECODER: _llama_layer,
+                Graph.LN_DECODER: ln_decoder_layer}.get(tr.graph, _classic_layer)
     for i in layers:
         g.region = f"layer {i}"
         mask = masks.get(kinds[i] if i < len(kinds) else "full_attention")
@@ -320,7 +316,8 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
             else:
                 b.fused_lm_loss(x, h, V // tp, trained=ctx.trained)
             return g
-        logits = b.linear(x, h, V // tp, trained=ctx.trained, bias=not tr.causal)
+        head_bias = not tr.causal or any(t.name == "lm_head.bias" for t in spec.head)
+        logits = b.linear(x, h, V // tp, trained=ctx.trained, bias=head_bias)
         g.region = "loss"
         b.causal_lm_loss(logits, V // tp, softcap=tr.final_softcap, shift=tr.causal)
     return g
