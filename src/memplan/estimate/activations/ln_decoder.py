@@ -49,11 +49,20 @@ def _attention(b: Blocks, y: Tensor, layer: Layer, tr: Traits, h: int, *, tp: in
     names = {t.name for t in layer.tensors}
     bias = any(n.endswith(("q_proj.bias", "query_key_value.bias")) for n in names)
     o_bias = any(n.endswith(("dense.bias", "o_proj.bias")) for n in names)
-    if fused:  # Falcon: one fused qkv linear; q and k are reshaped into copies, v a view
+    math = False
+    if fused:  # Falcon (FalconAttention._split_heads): one fused qkv linear; q is reshaped
+        # into a copy; k and v are indexed copies, broadcast to every query head (flattened
+        # copies) under the new decoder architecture, one shared head under multi-query
         qkv = b.linear(y, h, (heads + 2 * kv) * d, bias=bias, role=("q", "k", "v"))
         q = b.copy(b.view(qkv, heads / (heads + 2 * kv)), 1.0)
-        k = b.copy(b.view(qkv, kv / (heads + 2 * kv)), 1.0)
-        v = b.copy(b.view(qkv, kv / (heads + 2 * kv)), 1.0)
+        share = kv / (heads + 2 * kv)
+        k, v = (b.copy(b.view(qkv, share), 1.0) for _ in range(2))
+        if kv > 1:  # new decoder architecture (grouped kv heads)
+            k, v = b.copy(k, heads / kv), b.copy(v, heads / kv)
+            kv = heads
+        # CPU SDPA's fused kernel needs as many k/v heads as q heads: multi-query runs the
+        # math path (scores materialised)
+        math = kv < heads and b.c.cpu and attention != "eager"
     else:
         q = b.linear(y, h, heads * d, bias=bias, role=("q",))
         k = b.linear(y, h, kv * d, bias=bias, role=("k",))
@@ -63,7 +72,12 @@ def _attention(b: Blocks, y: Tensor, layer: Layer, tr: Traits, h: int, *, tp: in
     q = _rotate(b, q, heads * d, d, tr.rotary_dims)
     k = _rotate(b, k, kv * d, d, tr.rotary_dims)
     with b.g.checkpoint(selective):
-        if attention == "eager":
+        if math:  # the math kernel computes on scaled copies, k and v broadcast by matmul
+            if b.c.amp:
+                q, k, v = (b.cast(t, b.c.half) for t in (q, k, v))
+            q, k = b.copy(q, 1.0), b.copy(k, 1.0)
+            o = b.eager(q, k, v, heads, kv, mask=mask, autocast=False, upcast_input=False)
+        elif attention == "eager":
             o = b.eager(q, k, v, heads, kv, dropout=tr.attention_dropout, mask=mask)
         else:
             o = b.sdpa(q, k, v, heads)
