@@ -38,6 +38,7 @@ from ..model.resolve import find_config
 from ..facts import optimizer_facts
 from ..recipe import Recipe
 from ..results import ModelInfo
+from .peft_methods import PEFT_METHODS, apply_method
 
 __all__ = ["Built", "Workload", "check_traceable", "build_model", "materialize", "build_workload",
            "OPTIMIZERS"]
@@ -301,6 +302,14 @@ def build_model(model_ref: str, recipe: Recipe, *, device: str, seed: int = 0) -
             model = _apply_lora(model, recipe, torch)
         elif recipe.method.kind == "freeze":
             _freeze(model, recipe.method.freeze_trainable_layers)
+        elif recipe.method.kind in PEFT_METHODS:
+            if found is None:
+                raise TraceError(f"method={recipe.method.kind} needs a transformers model "
+                                 "(a config.json or catalog id), not a module factory.")
+            from ..model.hf import from_hf_config
+
+            spec = from_hf_config(found[0], model_ref, where=found[1])
+            model = apply_method(model, recipe, spec, torch)
         _, autocast = _torch_dtype(torch, recipe.precision.kind)
         if autocast is not None and recipe.method.kind != "full":
             for p in model.parameters():
