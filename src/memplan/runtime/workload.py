@@ -312,8 +312,9 @@ def build_model(model_ref: str, recipe: Recipe, *, device: str, seed: int = 0) -
             model = apply_method(model, recipe, spec, torch)
         _, autocast = _torch_dtype(torch, recipe.precision.kind)
         if autocast is not None and recipe.method.kind != "full":
-            for p in model.parameters():
-                if not p.requires_grad:
+            for name, p in model.named_parameters():
+                # frozen adapter tensors (LoRA-FA's lora_A) keep the adapter dtype
+                if not p.requires_grad and "lora_" not in name:
                     p.data = p.data.to(autocast)
     return Built(model=model, model_ref=model_ref, source=source, notes=notes)
 

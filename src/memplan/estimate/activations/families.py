@@ -14,6 +14,8 @@ from .blocks import Blocks, Ctx
 from .graph import Graph as OpGraph
 from .graph import Tensor
 from .ln_decoder import gelu_new, ln_decoder_layer
+from .peft_ops import prefix_kv
+from ..peft import prefix_token_dim
 
 __all__ = ["stage_graph"]
 
@@ -61,6 +63,9 @@ def _llama_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: int
         q = b.rmsnorm(q, heads * d if full else d, gemma=gemma)
         k = b.rmsnorm(k, kv * d if full else d, gemma=gemma)
     q, k = b.rope(q), b.rope(k)
+    if b.prefix is not None:  # prefix tuning: the cache prepends the learned keys and values
+        k, v = prefix_kv(b, k, v, heads, kv, d, sdpa=attention != "eager")
+        kv = heads if attention != "eager" else kv
     softcap = tr.attn_softcap
     with b.g.checkpoint(selective):
         if attention == "eager" or softcap:
@@ -251,6 +256,34 @@ def _classic_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: i
     return b.add(mlp(b.layernorm(r, h)), r)
 
 
+def _input_side(b: Blocks, spec: ModelSpec, x: Tensor | None) -> Tensor:
+    """What input-side PEFT methods do to the embedding output ``x``: prompt tuning
+    (``x`` None: PEFT's ``PeftModelForCausalLM.forward`` embeds the tokens, casts the
+    ``virtual_tokens x hidden`` prompt to their dtype and ``torch.cat``s it in front: the
+    sequence is longer from here on), prefix tuning (the prompt encoder's ``virtual_tokens x
+    layers x 2 x kv width`` output, in the adapter dtype, cast to the base dtype, prepended to
+    every layer's keys and values: ``peft_ops.prefix_cat``), ``adapter`` (a trained tensor
+    added to the embeddings: the gradient reaches them)."""
+    c = b.c
+    h = spec.hidden_size
+    if c.prompt:
+        seq = c.seq - c.prompt
+        emb = b.new(c.batch * seq * h, c.act, grad=False)
+        b.g.op([], (emb,))
+        prompt = b.new(c.batch * c.prompt * h, c.adapter, grad=True)
+        b.g.op([], (prompt,))
+        return b.cat([b.cast(prompt, c.act), emb], h)
+    if c.prefix:
+        dim = prefix_token_dim(spec)
+        p = b.new(c.batch * c.prefix * spec.num_layers * 2 * dim, c.adapter, grad=True)
+        b.g.op([], (p,))
+        b.prefix = b.cast(p, c.act)
+    if c.input_grad:
+        return b.add(x, b.new(h, c.act, grad=True))
+    assert x is not None
+    return x
+
+
 def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: bool,
                 tp: int, attention: str, checkpointing: str,
                 train_from: int | None = None) -> OpGraph:
@@ -263,7 +296,7 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
     h, V = spec.hidden_size, spec.vocab_size
     if first:
         g.region = "embedding"
-        x = b.embedding(h, V)
+        x = _input_side(b, spec, b.embedding(h, V) if not ctx.prompt else None)
         if tr.embedding_scale:
             x = b.scale(x)
         if tr.learned_positions:  # + learned positions (+ token types), dropout
@@ -287,7 +320,8 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
         # eager attention gets a materialised B x 1 x S x S additive mask in the embedding
         # dtype, one per attention type (full / sliding window: layer_types)
         for kind in sorted(set(tr.layer_types or ["full_attention"])):
-            masks[kind] = b.new(ctx.batch * ctx.seq * ctx.seq, ctx.act, grad=False)
+            masks[kind] = b.new(ctx.batch * ctx.seq * (ctx.seq + ctx.prefix), ctx.act,
+                                grad=False)
             g.op([], (masks[kind],))
     kinds = tr.layer_types
     layer_fn = {Graph.DECODER: _llama_layer,
