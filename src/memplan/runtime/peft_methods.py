@@ -82,8 +82,9 @@ def _adapter(model: Any, n: int, torch: Any) -> None:
     param = torch.nn.Parameter(torch.zeros(max(n, hidden)))
     model.register_parameter("memplan_adapter", param)
 
-    def hook(_module: Any, _inputs: Any, out: Any) -> Any:
-        return out + param[:hidden].to(out.dtype)
+    def hook(_module: Any, _inputs: Any, out: Any) -> Any:  # looked up at call time: the
+        # tracer swaps parameters for fake ones
+        return out + model.memplan_adapter[:hidden].to(out.dtype)
 
     emb.register_forward_hook(hook)
 

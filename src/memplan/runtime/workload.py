@@ -340,6 +340,10 @@ def materialize(model: Any, device: str) -> None:
                 if id(b) not in new:
                     new[id(b)] = empty(b)
                 module._buffers[name] = new[id(b)]
+    tokens = getattr(model, "prompt_tokens", None)  # PEFT prompt learning keeps its token
+    if isinstance(tokens, dict):  # indices in a plain dict, not as buffers
+        for key, t in tokens.items():
+            tokens[key] = torch.zeros(tuple(t.shape), dtype=t.dtype, device=device)
 
 
 def build_workload(built: Built, recipe: Recipe) -> Workload:

@@ -177,7 +177,7 @@ class Blocks:
         self.g.op([mm_in] + ([w] if w is not None else []), (y,), saves, grads=(mm_in,),
                   params=pg)
         if adapted:
-            y = peft_ops.adapt(self, x, y, n_in, n_out, t)
+            y = peft_ops.adapt(self, x, y, n_in, n_out, t, bias=bias)
         if c.sp > 1 and tokens is None and role in (("o",), ("down",)):
             # row-parallel output reduce-scattered back to this rank's sequence shard
             rs = self.new(t // c.sp * n_out, y.itemsize, y.grad)

@@ -50,8 +50,10 @@ def _lora_branch(b: Blocks, x: Tensor, n_in: int, n_out: int, t: int, *,
     return _mm(b, mid, r, n_out, t, trained=True)
 
 
-def adapt(b: Blocks, x: Tensor, y: Tensor, n_in: int, n_out: int, t: int) -> Tensor:
-    """The output of an adapted frozen linear (input ``x``, base output ``y``)."""
+def adapt(b: Blocks, x: Tensor, y: Tensor, n_in: int, n_out: int, t: int, *,
+          bias: bool = False) -> Tensor:
+    """The output of an adapted frozen linear (input ``x``, base output ``y``; ``bias``: the
+    base linear has one)."""
     c, kind = b.c, b.c.method
     if kind == "ia3":
         # (result * l).to(result dtype): promoted to the vector's dtype, saves the base output
@@ -66,12 +68,13 @@ def adapt(b: Blocks, x: Tensor, y: Tensor, n_in: int, n_out: int, t: int) -> Ten
         bw = b.mul(w, b.new(n_out, c.adapter, True), itemsize=max(w.itemsize, c.adapter))
         return b.cast(b.add(y, bw), y.itemsize)
     if kind == "dora":
-        return _dora(b, x, y, n_in, n_out, t)
+        return _dora(b, x, y, n_in, n_out, t, bias=bias)
     out = _lora_branch(b, x, n_in, n_out, t, frozen_a=kind == "lora-fa")
     return b.cast(b.add(y, b.scale(out)), y.itemsize)
 
 
-def _dora(b: Blocks, x: Tensor, y: Tensor, n_in: int, n_out: int, t: int) -> Tensor:
+def _dora(b: Blocks, x: Tensor, y: Tensor, n_in: int, n_out: int, t: int, *,
+          bias: bool) -> Tensor:
     c = b.c
     # weight norm of W + s * B A, detached: forward temporaries only (identity, A(I), the
     # product, W cast to the adapter dtype, the scaled product and the sum)
@@ -80,7 +83,8 @@ def _dora(b: Blocks, x: Tensor, y: Tensor, n_in: int, n_out: int, t: int) -> Ten
     lora = _lora_branch(b, x, n_in, n_out, t)
     m = b.new(n_out, c.adapter, True)  # magnitude / weight_norm, (1, out)
     size = max(y.itemsize, c.adapter)
-    part1 = b.mul(b.scale(m), y, itemsize=size)  # (m - 1) * base_result: saves the base output
+    base = b.scale(y) if bias else y  # base_result - bias: a new tensor
+    part1 = b.mul(b.scale(m), base, itemsize=size)  # (m - 1) * base_result: saves it
     part2 = b.scale(b.mul(m, lora, itemsize=size))  # m * lora_result * s: saves the LoRA output
     return b.cast(b.add(y, b.add(part1, part2)), y.itemsize)
 
