@@ -30,6 +30,7 @@ modules.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from ..errors import TraceError
@@ -55,17 +56,18 @@ def peft_config(recipe: Recipe, spec: ModelSpec) -> Any:
 
     m = recipe.method
     kind = m.kind
+    conv1d = spec.model_type == "gpt2"  # GPT-2's Conv1D stores weights (in, out)
     if kind in ("dora", "lora-fa", "lora"):
         return peft.LoraConfig(r=m.lora_rank, lora_alpha=m.lora_alpha, lora_dropout=0.0,
                                target_modules=target_modules(spec, m.lora_targets),
-                               use_dora=kind == "dora")
+                               use_dora=kind == "dora", fan_in_fan_out=conv1d)
     if kind == "vera":
         return peft.VeraConfig(r=m.lora_rank, target_modules=target_modules(spec, m.lora_targets),
-                               vera_dropout=0.0)
+                               vera_dropout=0.0, fan_in_fan_out=conv1d)
     if kind == "ia3":
         roles, ff = ia3_roles(spec.model_type)
         return peft.IA3Config(target_modules=target_modules(spec, roles),
-                              feedforward_modules=target_modules(spec, ff))
+                              feedforward_modules=target_modules(spec, ff), fan_in_fan_out=conv1d)
     if kind == "prompt-tuning":
         return peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=m.virtual_tokens)
     if kind == "prefix-tuning":
@@ -107,7 +109,10 @@ def apply_method(model: Any, recipe: Recipe, spec: ModelSpec, torch: Any) -> Any
         import peft
     except ImportError:
         raise TraceError(f"method={kind} needs PEFT: pip install peft.") from None
-    model = peft.get_peft_model(model, peft_config(recipe, spec))
+    with warnings.catch_warnings():  # LN tuning: PEFT 0.21 warns "Unsupported layer type"
+        # for every norm class it copies (LayerNorm included); the copy is what it documents
+        warnings.simplefilter("ignore", UserWarning)
+        model = peft.get_peft_model(model, peft_config(recipe, spec))
     if kind == "lora-fa":
         for name, p in model.named_parameters():
             if "lora_A" in name:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import warnings
 from typing import Any
 
 from ..errors import ConfigError
@@ -200,7 +201,9 @@ def _peft(model: Any, recipe: Recipe, config_path: str = "") -> int:
         from ..model import load_model
         from ..runtime.peft_methods import peft_config
 
-        model = peft.get_peft_model(model, peft_config(recipe, load_model(config_path)))
+        with warnings.catch_warnings():  # LN tuning warns for every norm class it copies
+            warnings.simplefilter("ignore", UserWarning)
+            model = peft.get_peft_model(model, peft_config(recipe, load_model(config_path)))
         if kind != "lora-fa":
             return _plain(model, recipe)
         from peft.optimizers import create_lorafa_optimizer
