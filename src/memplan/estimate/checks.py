@@ -43,6 +43,9 @@ def check_compatible(model: ModelSpec, recipe: Recipe) -> None:
             p.add(f"ep={par.ep} does not divide the {experts} experts of {model.id}. "
                   f"Use a divisor of {experts}.")
     peft_problems(model, recipe, p)
+    if model.traits is not None and model.traits.graph == "t5" and par.tp * par.pp * par.cp > 1:
+        p.add(f"{model.id} is an encoder-decoder (T5): memplan's T5 graph runs the whole model "
+              "on one rank; use tp=1, pp=1, cp=1 (data parallelism and ZeRO are fine).")
     if recipe.method.kind in LORA_LIKE:
         have = model.available_targets()
         missing = [t for t in recipe.method.lora_targets if t not in have]

@@ -29,6 +29,8 @@ class Graph(StrEnum):
     """Fused qkv, partial rotary, optional parallel residual."""
     BERT = "bert"
     """Post-LN encoder with an MLM head."""
+    T5 = "t5"
+    """Encoder-decoder with relative position bias (``estimate/activations/t5.py``)."""
     LN_DECODER = "ln_decoder"
     """LayerNorm decoders with (partial) rotary: Phi-1/1.5/2, StableLM, StarCoder2, Falcon
     (``estimate/activations/ln_decoder.py``)."""
@@ -166,7 +168,7 @@ _DECODERS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen
              "gemma2", "gemma3", "gemma3_text", "phi3", "olmo2", "deepseek_v2", "deepseek_v3")
 GRAPHS: dict[str, Graph] = {**dict.fromkeys(_DECODERS, Graph.DECODER), "gpt2": Graph.GPT2,
                             "gpt_neox": Graph.GPT_NEOX, "bert": Graph.BERT,
-                            **dict.fromkeys(_LN_ROTARY, Graph.LN_DECODER)}
+                            "t5": Graph.T5, **dict.fromkeys(_LN_ROTARY, Graph.LN_DECODER)}
 """``model_type`` -> layer graph. A model type not here has no traits."""
 
 
@@ -181,6 +183,11 @@ def traits_for(model_type: str, cfg: Mapping[str, Any], head_dim: int,
     common = dict(eager_mask=bool(cfg.get("attn_logit_softcapping")),
                   final_softcap=bool(cfg.get("final_logit_softcapping")),
                   layer_types=tuple(cfg.get("layer_types") or ()))
+    if graph is Graph.T5:
+        return Traits(graph=graph, norm=Norm.RMS, causal=True,
+                      attention_dropout=_num(cfg, "dropout_rate"),
+                      residual_dropout=_num(cfg, "dropout_rate"),
+                      embedding_dropout=_num(cfg, "dropout_rate"))
     if graph is Graph.LN_DECODER:
         return _ln_decoder(model_type, cfg, head_dim, tensor_names, common)
     if graph is Graph.GPT2:

@@ -38,6 +38,7 @@ from ..model.resolve import find_config
 from ..facts import optimizer_facts
 from ..recipe import Recipe
 from ..results import ModelInfo
+from ..model.peft_targets import target_modules
 from .peft_methods import PEFT_METHODS, apply_method
 
 __all__ = ["Built", "Workload", "check_traceable", "build_model", "materialize", "build_workload",
@@ -196,7 +197,10 @@ def _generic_loss(model: Any, batch: dict[str, Any]) -> Any:
                                              batch["labels"].flatten())
 
 
-def _apply_lora(model: Any, recipe: Recipe, torch: Any) -> Any:
+def _apply_lora(model: Any, recipe: Recipe, torch: Any, spec: Any = None) -> Any:
+    """LoRA on the linears of ``lora_targets``: named from the model's own parameters when
+    its config is known (``model.peft_targets.target_modules``: every family's real linears,
+    T5's ``q``/``v`` included), else by leaf name (``_TARGET_LEAVES``, module factories)."""
     try:
         import peft
     except ImportError:
@@ -204,7 +208,8 @@ def _apply_lora(model: Any, recipe: Recipe, torch: Any) -> Any:
     wanted = {leaf for t in recipe.method.lora_targets for leaf in _TARGET_LEAVES[t]}
     present = {n.rsplit(".", 1)[-1] for n, m in model.named_modules()
                if isinstance(m, torch.nn.Linear)}
-    targets = sorted(wanted & present)
+    targets = (target_modules(spec, recipe.method.lora_targets) if spec is not None
+               else sorted(wanted & present))
     if not targets:
         raise TraceError(f"lora_targets={','.join(recipe.method.lora_targets)} match no nn.Linear of "
                          f"this model (its linear layers: {', '.join(sorted(present)) or 'none'}).")
@@ -261,6 +266,15 @@ class Built:
     """From ``check_traceable``."""
 
 
+def _spec(found: tuple[dict[str, Any], str] | None, model_ref: str) -> Any:
+    """memplan's description of a config-built model (None for module factories)."""
+    if found is None:
+        return None
+    from ..model.hf import from_hf_config
+
+    return from_hf_config(found[0], model_ref, where=found[1])
+
+
 def build_model(model_ref: str, recipe: Recipe, *, device: str, seed: int = 0) -> Built:
     """Build ``model_ref`` (catalog id, config.json or directory, ``module:function``) on
     ``device`` (``meta`` to trace) with the recipe's dtype, checkpointing and method applied.
@@ -299,17 +313,14 @@ def build_model(model_ref: str, recipe: Recipe, *, device: str, seed: int = 0) -
                                  "(gradient_checkpointing_enable); use checkpointing=none.")
             enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if recipe.method.kind == "lora":
-            model = _apply_lora(model, recipe, torch)
+            model = _apply_lora(model, recipe, torch, _spec(found, model_ref))
         elif recipe.method.kind == "freeze":
             _freeze(model, recipe.method.freeze_trainable_layers)
         elif recipe.method.kind in PEFT_METHODS:
             if found is None:
                 raise TraceError(f"method={recipe.method.kind} needs a transformers model "
                                  "(a config.json or catalog id), not a module factory.")
-            from ..model.hf import from_hf_config
-
-            spec = from_hf_config(found[0], model_ref, where=found[1])
-            model = apply_method(model, recipe, spec, torch)
+            model = apply_method(model, recipe, _spec(found, model_ref), torch)
         _, autocast = _torch_dtype(torch, recipe.precision.kind)
         if autocast is not None and recipe.method.kind != "full":
             for name, p in model.named_parameters():

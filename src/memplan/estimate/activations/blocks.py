@@ -270,7 +270,7 @@ class Blocks:
     def eager(self, q: Tensor, k: Tensor, v: Tensor, heads: int, kv_heads: int, *,
               dropout: float = 0.0, softcap: bool = False, mask: Tensor | None = None,
               autocast: bool = True, upcast_input: bool = True,
-              out_numel: int | None = None) -> Tensor:
+              out_numel: int | None = None, softmax_fp32: bool = True) -> Tensor:
         """HF ``eager_attention_forward``: ``repeat_kv`` copies (GQA), ``q @ k^T`` (saves both),
         scaling, mask add, softmax in fp32 (saved) cast back, dropout, ``@ v`` (saves the
         probabilities and v), and a contiguous copy of the output for ``o_proj``."""
@@ -293,7 +293,8 @@ class Blocks:
             s = self.add(s, mask)
         if upcast_input:  # softmax(dtype=float32): an fp32 copy of the scores first
             s = self.cast(s, 4)
-        p = self.new(B * heads * S * (S + c.prefix), 4, s.grad)
+        # softmax(dtype=float32) (T5: softmax in the scores' dtype, ``softmax_fp32`` False)
+        p = self.new(B * heads * S * (S + c.prefix), 4 if softmax_fp32 else s.itemsize, s.grad)
         self.g.op([s], (p,), [p])
         p = self.cast(p, size)
         p = self.dropout(p, dropout)

@@ -15,6 +15,7 @@ from .graph import Graph as OpGraph
 from .graph import Tensor
 from .ln_decoder import gelu_new, ln_decoder_layer
 from .peft_ops import prefix_kv
+from .t5 import t5_graph
 from ..peft import prefix_token_dim
 
 __all__ = ["stage_graph"]
@@ -291,6 +292,8 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
     head and loss if ``last``) for one micro-batch on one rank. ``train_from``: layers from
     this index on train even when ``ctx.trained`` is false (``method = freeze``)."""
     tr = _traits(spec)
+    if tr.graph is Graph.T5:
+        return t5_graph(spec, tr, ctx, attention=attention, checkpointing=checkpointing)
     g = OpGraph()
     b = Blocks(g, ctx)
     h, V = spec.hidden_size, spec.vocab_size
