@@ -64,6 +64,7 @@ BUILDERS: dict[str, Builder] = {
     "starcoder2": ln_decoders.starcoder2,
     "bert": classic.bert,
     "t5": classic.t5,
+    "mt5": classic.t5,  # mT5 / mT0: T5 v1.1's architecture (modeling_mt5.py copies T5)
 }
 """``model_type`` -> builder. Adding an architecture means adding one builder here."""
 

@@ -168,7 +168,7 @@ _DECODERS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen
              "gemma2", "gemma3", "gemma3_text", "phi3", "olmo2", "deepseek_v2", "deepseek_v3")
 GRAPHS: dict[str, Graph] = {**dict.fromkeys(_DECODERS, Graph.DECODER), "gpt2": Graph.GPT2,
                             "gpt_neox": Graph.GPT_NEOX, "bert": Graph.BERT,
-                            "t5": Graph.T5, **dict.fromkeys(_LN_ROTARY, Graph.LN_DECODER)}
+                            "t5": Graph.T5, "mt5": Graph.T5, **dict.fromkeys(_LN_ROTARY, Graph.LN_DECODER)}
 """``model_type`` -> layer graph. A model type not here has no traits."""
 
 

@@ -134,7 +134,7 @@ def t5_graph(spec: ModelSpec, tr: Traits, ctx: Ctx, *, attention: str,
         y = block(y, i, dbias, enc_out, cross)
     g.region = "head"
     y = b.dropout(b.rmsnorm(y, h), p)
-    if spec.tied_embeddings or cfg.get("model_type") == "t5":
+    if spec.tied_embeddings or cfg.get("model_type") in ("t5", "mt5"):
         y = b.scale(y)  # sequence_output * d_model ** -0.5
     logits = b.linear(y, h, V, trained=ctx.trained)
     g.region = "loss"
