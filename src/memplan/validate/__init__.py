@@ -271,12 +271,33 @@ def run_case(case: Case, device: Any) -> CaseResult:
     try:
         measured = measure_recipe(case.model, case.recipe, device)
         traced = None if case.no_trace else trace(case.model, case.recipe, device)
-        estimated = estimate(load_model(case.model), case.recipe, device)
+        estimated = _estimate(case, device)
     except Exception as e:  # noqa: BLE001 - one broken case must not hide the others
         return CaseResult(case=case, seconds=time.perf_counter() - t0,
                           error=f"{type(e).__name__}: {e}")
     return CaseResult(case=case, measured=measured, traced=traced, estimated=estimated,
                       seconds=time.perf_counter() - t0)
+
+
+def _estimate(case: Case, device: Any) -> Breakdown:
+    """The analytic estimate, or the generic path (``memplan.generic``) for a family memplan
+    has no builder for, as ``memplan estimate`` does."""
+    from ..errors import UnsupportedModel
+    from ..estimate import estimate
+    from ..model import load_model
+    from ..model.resolve import find_config
+
+    try:
+        spec = load_model(case.model)
+    except UnsupportedModel:
+        from ..generic import generic_estimate
+
+        found = find_config(case.model)
+        if found is None:
+            raise
+        return generic_estimate(case.model, str(found[0].get("model_type")), case.recipe,
+                                device)
+    return estimate(spec, case.recipe, device)
 
 
 def _run_framework_case(case: Case, device: Any, t0: float) -> CaseResult:
@@ -288,7 +309,7 @@ def _run_framework_case(case: Case, device: Any, t0: float) -> CaseResult:
     try:
         peak = measure_with_harness(case.harness, case.model, case.recipe,
                                     base_dtype=case.base_dtype)
-        estimated = estimate(load_model(case.model), case.recipe, device)
+        estimated = _estimate(case, device)
     except Exception as e:  # noqa: BLE001 - one broken case must not hide the others
         return CaseResult(case=case, seconds=time.perf_counter() - t0,
                           error=f"{type(e).__name__}: {e}")
