@@ -50,9 +50,12 @@ OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor")
 
 _LR = 1e-4  # any value: memory does not depend on it
 _TARGET_LEAVES = {
-    "q": ("q_proj", "query", "wq"), "k": ("k_proj", "key", "wk"), "v": ("v_proj", "value", "wv"),
+    "q": ("q_proj", "query", "wq", "query_key_value"),
+    "k": ("k_proj", "key", "wk", "query_key_value"),
+    "v": ("v_proj", "value", "wv", "query_key_value"),
     "o": ("o_proj", "out_proj", "wo", "dense"), "gate": ("gate_proj", "w1"),
-    "up": ("up_proj", "w3", "fc1"), "down": ("down_proj", "w2", "fc2"),
+    "up": ("up_proj", "w3", "fc1", "dense_h_to_4h"), "down": ("down_proj", "w2", "fc2",
+                                                             "dense_4h_to_h"),
 }
 """Leaf module names of each LoRA target (the names of ``memplan.model.module`` minus those
 that are ambiguous, such as GPT-2's ``c_proj`` used by attention and MLP)."""
@@ -267,12 +270,17 @@ class Built:
 
 
 def _spec(found: tuple[dict[str, Any], str] | None, model_ref: str) -> Any:
-    """memplan's description of a config-built model (None for module factories)."""
+    """memplan's description of a config-built model (None for module factories and for
+    families memplan has no builder for: the generic path)."""
     if found is None:
         return None
+    from ..errors import UnsupportedModel
     from ..model.hf import from_hf_config
 
-    return from_hf_config(found[0], model_ref, where=found[1])
+    try:
+        return from_hf_config(found[0], model_ref, where=found[1])
+    except UnsupportedModel:
+        return None
 
 
 def build_model(model_ref: str, recipe: Recipe, *, device: str, seed: int = 0) -> Built:
@@ -320,7 +328,14 @@ def build_model(model_ref: str, recipe: Recipe, *, device: str, seed: int = 0) -
             if found is None:
                 raise TraceError(f"method={recipe.method.kind} needs a transformers model "
                                  "(a config.json or catalog id), not a module factory.")
-            model = apply_method(model, recipe, _spec(found, model_ref), torch)
+            spec = _spec(found, model_ref)
+            if spec is None and recipe.method.kind not in ("prompt-tuning", "prefix-tuning",
+                                                          "bitfit", "adapter"):
+                raise TraceError(f"method={recipe.method.kind} names its modules from memplan's "
+                                 f"description of the model, and model_type "
+                                 f"{found[0].get('model_type')!r} has none; use lora, "
+                                 "prompt-tuning, prefix-tuning, bitfit or adapter.")
+            model = apply_method(model, recipe, spec, torch)
         _, autocast = _torch_dtype(torch, recipe.precision.kind)
         if autocast is not None and recipe.method.kind != "full":
             for name, p in model.named_parameters():
