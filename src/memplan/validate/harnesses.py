@@ -35,7 +35,9 @@ memplan's ``peak_allocated_bytes`` predicts.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import tempfile
 import warnings
 from typing import Any
@@ -234,5 +236,8 @@ def measure_with_harness(harness: str, config_path: str, recipe: Recipe, *,
         raise ConfigError([f"harness={harness!r} measures with MemTracker on CPU only."])
     if base_dtype not in ("", "bf16", "fp16"):
         raise ConfigError([f"base_dtype={base_dtype!r} is not one of bf16, fp16 (or empty)."])
-    model = _model(config_path, recipe, base_dtype)
-    return _peft(model, recipe, config_path) if harness == "peft" else run(model, recipe)
+    # frameworks may print (DeepSpeed, imported by the HF Trainer when installed, logs to
+    # stdout): keep it off stdout, where `memplan validate --format json` writes its report
+    with contextlib.redirect_stdout(sys.stderr):
+        model = _model(config_path, recipe, base_dtype)
+        return _peft(model, recipe, config_path) if harness == "peft" else run(model, recipe)
