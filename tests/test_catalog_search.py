@@ -51,7 +51,15 @@ def test_parse_count() -> None:
         parse_count("7 GB", "--max-params")
 
 
-def test_unbuildable_family_is_listed_not_estimable() -> None:
+def test_unbuildable_family_is_listed_not_estimable(monkeypatch) -> None:
+    """Every catalog family has a builder since issue #12 item 1 (phi, starcoder2, qwen2_moe);
+    a family without one (phi's builder removed here) is listed with the reason."""
+    from memplan.model import hf
+
+    rows = {r["id"]: r for r in catalog_rows("phi-2")}
+    assert rows["microsoft/phi-2"]["estimable"] is True
+    assert rows["microsoft/phi-2"]["params"] == 2779683840
+    monkeypatch.delitem(hf.BUILDERS, "phi")
     rows = {r["id"]: r for r in catalog_rows("phi-2")}
     row = rows["microsoft/phi-2"]
     assert row["estimable"] is False and "'phi' is not supported yet" in row["why"]
@@ -64,7 +72,7 @@ def test_cli_models_search_and_bad_size() -> None:
     assert "gemma-3-12b" not in res.output
     res = runner.invoke(app, ["models", "--family", "starcoder2", "--format", "json"])
     assert res.exit_code == 0
-    assert [r["estimable"] for r in json.loads(res.output)] == [False] * 4
+    assert [r["estimable"] for r in json.loads(res.output)] == [True] * 4  # issue #12 item 1
     res = runner.invoke(app, ["models", "--min-params", "lots"])
     assert res.exit_code == 2 and "not a parameter count" in res.output
     res = runner.invoke(app, ["models", "--search", "no-such-model-xyz"])

@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("runtime",),
     # the analytic models and the torch side's users, side by side; none imports another
     ("estimate", "host", "timing", "trace", "measure"),
-    ("system", "custom_hardware"),
+    ("system", "custom_hardware", "generic"),  # generic: traced step of unknown families
     ("calibrate",),  # memplan calibrate's micro-benchmarks (torch), over timing's Calibration
     ("report", "validate", "export"),  # export: recipe -> engine configs and back
     ("api", "cli_options"),

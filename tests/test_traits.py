@@ -40,9 +40,28 @@ def test_family_specific_traits():
     assert not bert.causal and bert.token_types and bert.rotary_dims == 0
 
 
-@pytest.mark.parametrize("model", ["google-t5/t5-base", "tiiuae/falcon-7b"])
+@pytest.mark.parametrize("model", ["google-t5/t5-base"])
 def test_an_architecture_without_a_graph_is_refused_with_the_fix(model):
-    spec = load_model(model)
-    assert spec.traits is None
+    """Every catalog family has a graph since issue #12; a spec without traits (an
+    architecture memplan does not know) is refused, never drawn as Llama."""
+    from dataclasses import replace
+
+    spec = replace(load_model(model), traits=None)
     with pytest.raises(UnsupportedModel, match="no activation graph.*model/traits.py"):
         estimate(spec, Recipe.of(), get_device("H100-80GB"))
+
+
+@pytest.mark.parametrize("model,graph,rotary,parallel", [
+    ("microsoft/phi-2", "ln_decoder", 32, True),  # head_dim 80 x partial_rotary_factor 0.4
+    ("bigcode/starcoder2-3b", "ln_decoder", 128, False),
+    ("tiiuae/falcon-7b", "ln_decoder", 64, True),
+    ("tiiuae/falcon-40b", "ln_decoder", 64, True),
+    ("Qwen/Qwen1.5-MoE-A2.7B", "decoder", 128, False),
+])
+def test_issue12_families_have_graphs(model, graph, rotary, parallel):
+    """Issue #12 item 1: phi, starcoder2, falcon and qwen2_moe estimate with their own graph."""
+    spec = load_model(model)
+    assert spec.traits is not None and spec.traits.graph == graph
+    assert spec.traits.rotary_dims == rotary and spec.traits.parallel_residual == parallel
+    b = estimate(spec, Recipe.of(micro_batch=1, seq_len=512), get_device("H100-80GB"))
+    assert b.worst.peak_allocated_bytes > 0

@@ -11,7 +11,9 @@ from .estimate import estimate
 from .hardware import cpu_device, get_device
 from .hardware.nodes import get_node
 from .host import HostSetup, node_hardware, parse_size
+from .errors import UnsupportedModel
 from .model import ModelSpec, catalog, load_model
+from .model.resolve import find_config
 from .recipe import Recipe, read_recipe_file
 from .system import with_host_and_time
 from .timing.calibration import Calibration
@@ -102,7 +104,18 @@ def estimate_from_names(model: str | ModelSpec, recipe: Recipe, machine: Machine
     preset = get_node(machine.node) if machine.node else None
     if preset is not None and recipe.parallelism.gpus_per_node == 0:
         recipe = recipe.with_keys(gpus_per_node=min(recipe.parallelism.gpus, preset.gpus))
-    spec = model if isinstance(model, ModelSpec) else load_model(model)
+    try:
+        spec = model if isinstance(model, ModelSpec) else load_model(model)
+    except UnsupportedModel:
+        found = find_config(model) if isinstance(model, str) else None
+        mt = found[0].get("model_type") if found else None
+        if not found or not _transformers_knows(str(mt)):
+            raise
+        from .generic import generic_estimate
+
+        cpu = recipe.platform.device == "cpu"
+        return generic_estimate(model, str(mt), recipe, cpu_device(machine.host_memory_bytes)
+                                if cpu else get_device(machine.gpu or "H100-80GB"))
     if recipe.platform.device == "cpu":
         return estimate(spec, recipe, cpu_device(machine.host_memory_bytes),
                         search_micro_batch=search_micro_batch)
@@ -115,6 +128,16 @@ def estimate_from_names(model: str | ModelSpec, recipe: Recipe, machine: Machine
     return with_host_and_time(estimate(spec, recipe, device,
                                        search_micro_batch=search_micro_batch),
                               spec, recipe, device, hw, setup, calibration)
+
+
+def _transformers_knows(model_type: str) -> bool:
+    """Whether the installed transformers has a config class for ``model_type`` (False without
+    transformers: the analytic refusal then stands)."""
+    try:
+        from transformers import CONFIG_MAPPING
+    except ImportError:
+        return False
+    return model_type in CONFIG_MAPPING
 
 
 def trace_from_names(model: str, recipe: Recipe, gpu: str = "H100-80GB",

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from ..errors import Problems
-from ..model.spec import ModelSpec
+from ..model.spec import LORA_TARGETS, ModelSpec
 from ..recipe import Recipe
+from .peft import LORA_LIKE, peft_problems
 
 __all__ = ["check_compatible"]
 
@@ -41,7 +42,11 @@ def check_compatible(model: ModelSpec, recipe: Recipe) -> None:
         elif experts % par.ep:
             p.add(f"ep={par.ep} does not divide the {experts} experts of {model.id}. "
                   f"Use a divisor of {experts}.")
-    if recipe.method.kind in ("lora", "qlora"):
+    peft_problems(model, recipe, p)
+    if model.traits is not None and model.traits.graph == "t5" and par.tp * par.pp * par.cp > 1:
+        p.add(f"{model.id} is an encoder-decoder (T5): memplan's T5 graph runs the whole model "
+              "on one rank; use tp=1, pp=1, cp=1 (data parallelism and ZeRO are fine).")
+    if recipe.method.kind in LORA_LIKE:
         have = model.available_targets()
         missing = [t for t in recipe.method.lora_targets if t not in have]
         if not have:
@@ -49,7 +54,8 @@ def check_compatible(model: ModelSpec, recipe: Recipe) -> None:
         elif len(missing) == len(recipe.method.lora_targets):
             p.add(f"LoRA targets {','.join(missing)} match no module of {model.id}; it has "
                   f"{','.join(t for t in ('q', 'k', 'v', 'o', 'gate', 'up', 'down') if t in have)}.")
-        elif missing:
+        elif missing and set(recipe.method.lora_targets) != set(LORA_TARGETS):
+            # the default (every role) means every linear the model has (PEFT "all-linear")
             p.add(f"LoRA target(s) {','.join(missing)} do not exist in {model.id} (it has "
                   f"{','.join(t for t in ('q', 'k', 'v', 'o', 'gate', 'up', 'down') if t in have)}"
                   "). Remove them from lora_targets.")

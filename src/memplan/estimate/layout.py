@@ -1,8 +1,9 @@
 """Who holds what: pipeline stages, tensor/expert splits, and which elements train.
 
 ``layout(model, recipe)`` returns one ``Stage`` per pipeline stage, listing the ``Held`` tensors
-of one rank of that stage with their per-rank element counts. LoRA adapters appear as extra
-trainable tensors next to the linear they adapt.
+of one rank of that stage with their per-rank element counts. What a PEFT method adds (LoRA
+adapters, IA3 vectors, prompt embeddings...: ``peft.py``) appears as extra tensors next to the
+tensor they adapt, or with the embedding.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 from ..model.spec import Component, ModelSpec, Split, Tensor
 from ..recipe import Recipe
+from .peft import FROZEN_BASE, Extra, adapted_roles, base_trains, model_extras, tensor_extras
 
 __all__ = ["Held", "Stage", "layout", "stage_layers"]
 
@@ -57,31 +59,21 @@ def stage_layers(num_layers: int, pp: int) -> list[range]:
     return out
 
 
-def _adapters(t: Tensor, recipe: Recipe) -> list[Held]:
-    """LoRA A (r x in) and B (out x r) for a targeted linear; under TP, the factor on the split
-    side is split too (NeMo/Megatron LoRA: column-parallel base -> B split, row -> A split)."""
-    if not (t.is_linear and set(t.targets) & set(recipe.method.lora_targets)):
-        return []
-    out_f, in_f = t.shape[0], t.shape[-1]
-    r, tp = recipe.method.lora_rank, recipe.parallelism.tp
-    a_in = -(-in_f // tp) if t.split is Split.ROW else in_f
-    b_out = -(-out_f // tp) if t.split in (Split.COLUMN, Split.VOCAB) else out_f
-    experts = -(-t.experts // recipe.parallelism.ep) if t.experts > 1 else 1
-    a = Tensor(name=t.name.replace(".weight", ".lora_A"), shape=(r, in_f), component=t.component,
-               experts=t.experts)
-    b = Tensor(name=t.name.replace(".weight", ".lora_B"), shape=(out_f, r), component=t.component,
-               experts=t.experts)
-    return [Held(tensor=a, numel=experts * r * a_in, trainable=True, adapter=True),
-            Held(tensor=b, numel=experts * r * b_out, trainable=True, adapter=True)]
+def _extra(e: Extra) -> Held:
+    return Held(tensor=e.tensor, numel=e.numel, trainable=e.trainable, adapter=e.adapter)
 
 
-def _hold(t: Tensor, recipe: Recipe, trainable: bool) -> list[Held]:
+def _hold(model: ModelSpec, t: Tensor, recipe: Recipe, trainable: bool,
+          roles: frozenset[str]) -> list[Held]:
+    """``t`` as one rank holds it, plus what a PEFT method adds next to it (``peft.py``: LoRA
+    A and B, DoRA's magnitude, IA3 vectors...)."""
     numel = t.numel_per_rank(recipe.parallelism.tp, recipe.parallelism.ep)
-    if recipe.method.kind in ("lora", "qlora"):
+    if recipe.method.kind in FROZEN_BASE:
         quantized = (recipe.method.kind == "qlora" and t.is_linear
                      and t.component not in (Component.HEAD, Component.EMBEDDING))
-        return [Held(tensor=t, numel=numel, trainable=False, quantized=quantized),
-                *_adapters(t, recipe)]
+        return [Held(tensor=t, numel=numel, trainable=base_trains(t, recipe),
+                     quantized=quantized),
+                *(_extra(e) for e in tensor_extras(model, t, recipe, roles))]
     return [Held(tensor=t, numel=numel, trainable=trainable)]
 
 
@@ -90,6 +82,7 @@ def layout(model: ModelSpec, recipe: Recipe) -> list[Stage]:
     n = model.num_layers
     train_from = n - recipe.method.freeze_trainable_layers if recipe.method.kind == "freeze" else 0
     full = recipe.method.kind == "full"
+    roles = adapted_roles(model, recipe)
     stages = []
     ranges = stage_layers(n, recipe.parallelism.pp) if n else [range(0)] * recipe.parallelism.pp
     for s, layers in enumerate(ranges):
@@ -98,24 +91,25 @@ def layout(model: ModelSpec, recipe: Recipe) -> list[Stage]:
         units = []
         if first:
             for t in model.embedding:
-                held += _hold(t, recipe, trainable=full)
+                held += _hold(model, t, recipe, full, roles)
+            held += [_extra(e) for e in model_extras(model, recipe)]
             units.append(tuple(held))
         for i in layers:
             layer_held: list[Held] = []
             for t in model.layers[i].tensors:
-                layer_held += _hold(t, recipe, trainable=full or i >= train_from)
+                layer_held += _hold(model, t, recipe, full or i >= train_from, roles)
             units.append(tuple(layer_held))
             held += layer_held
         if last:
             before = len(held)
             for t in model.head:
-                held += _hold(t, recipe, trainable=full)  # freeze: only the layers train
+                held += _hold(model, t, recipe, full, roles)  # freeze: only the layers train
             if model.tied_embeddings and recipe.parallelism.pp > 1:
                 # Megatron keeps a copy of the shared embedding on the last stage for the head.
                 copy = Tensor(name="lm_head.weight (tied copy)",
                               shape=(model.vocab_size, model.hidden_size),
                               component=Component.HEAD, split=Split.VOCAB)
-                held += _hold(copy, recipe, trainable=full)
+                held += _hold(model, copy, recipe, full, roles)
             units.append(tuple(held[before:]))
         # FSDP/ZeRO-3 gather one unit at a time: each layer, and the embedding and head as
         # their own units (torchtitan wraps them separately; with 256k vocabularies they can

@@ -41,13 +41,20 @@ def _sum(pairs: list[tuple[Held, float]], recipe: Recipe, shard: bool) -> int:
     return math.ceil(out)
 
 
+_ADAPTER_NAME = {"lora": "LoRA adapters", "qlora": "LoRA adapters", "dora": "DoRA adapters",
+                 "lora-fa": "LoRA-FA lora_B", "vera": "VeRA scaling vectors",
+                 "ia3": "IA3 vectors", "prompt-tuning": "prompt embedding",
+                 "prefix-tuning": "prefix embedding", "adapter": "adapter parameters"}
+
+
 def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
     """Lines for one rank of ``stage``."""
     items: list[Line] = []
     trainable = [h for h in stage.held if h.trainable]
     base = [h for h in trainable if not h.adapter]
     adapters = [h for h in trainable if h.adapter]
-    frozen = [h for h in stage.held if not h.trainable and not h.quantized]
+    frozen = [h for h in stage.held if not h.trainable and not h.quantized and not h.adapter]
+    frozen_adapters = [h for h in stage.held if not h.trainable and h.adapter]
     quantized = [h for h in stage.held if h.quantized]
     z = recipe.parallelism.zero
     off = recipe.offload.kind
@@ -70,11 +77,17 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
     add(Category.PARAMS, f"trainable parameters ({dt.param})", [(h, h.numel * pb) for h in base],
         shard=z == 3, pool=param_pool, formula=f"trainable elements x {pb:g} B")
     ab = dtype_bytes(recipe.method.adapter_dtype)
-    add(Category.PARAMS, f"LoRA adapters ({recipe.method.adapter_dtype})",
+    add(Category.PARAMS, f"{_ADAPTER_NAME.get(recipe.method.kind, 'PEFT adapters')} "
+        f"({recipe.method.adapter_dtype})",
         [(h, h.numel * ab) for h in adapters], shard=z == 3, pool=param_pool,
-        formula=f"r x (in + out) per adapted linear x {ab:g} B (Hu et al. 2021)")
+        formula=(f"r x (in + out) per adapted linear x {ab:g} B (Hu et al. 2021)"
+                 if recipe.method.kind in ("lora", "qlora")
+                 else f"trained adapter elements (estimate/peft.py) x {ab:g} B"))
     add(Category.PARAMS, f"frozen parameters ({dt.frozen})", [(h, h.numel * fb) for h in frozen],
         shard=z == 3, pool=param_pool, formula=f"frozen elements x {fb:g} B")
+    add(Category.PARAMS, f"frozen adapter tensors ({recipe.method.adapter_dtype})",
+        [(h, h.numel * ab) for h in frozen_adapters], shard=z == 3, pool=param_pool,
+        formula=f"LoRA-FA's lora_A, VeRA's shared vera_A/vera_B x {ab:g} B")
     add(Category.PARAMS, f"quantized base ({recipe.method.quant})",
         [(h, quantized_bytes(h.numel, h.tensor.shape[0], recipe.method.quant)) for h in quantized],
         shard=z == 3, pool=param_pool,

@@ -1,5 +1,5 @@
 """Builders for decoder-only transformers in the Llama lineage (RMSNorm, rotary, gated MLP):
-Llama, Mistral, Mixtral, Qwen2/2.5, Qwen3 (dense and MoE), Gemma 2/3, Phi-3/Phi-4, OLMo 2,
+Llama, Mistral, Mixtral, Qwen2/2.5, Qwen1.5-MoE/Qwen2-MoE, Qwen3 (dense and MoE), Gemma 2/3, Phi-3/Phi-4, OLMo 2,
 and DeepSeek-V2/V3 (multi-head latent attention + shared/routed experts).
 
 Each function maps a HF ``config.json`` onto ``ModelSpec`` tensors with the module names and
@@ -38,6 +38,7 @@ _STYLES: dict[str, _Style] = {
     "qwen2": _Style(qkv_bias=True),
     "qwen3": _Style(qk_norm="head"),
     "qwen3_moe": _Style(qk_norm="head"),
+    "qwen2_moe": _Style(qkv_bias=True),
     "gemma": _Style(tie_default=True),
     "gemma2": _Style(
         tie_default=True,
@@ -113,7 +114,7 @@ def _is_moe_layer(c: Config, i: int) -> bool:
     mt = c.get("model_type")
     if mt == "mixtral":
         return True
-    if mt == "qwen3_moe":
+    if mt in ("qwen3_moe", "qwen2_moe"):
         step = c.int("decoder_sparse_step", default=1)
         experts = c.int("num_local_experts", "num_experts")
         return i not in (c.get("mlp_only_layers") or []) and experts > 0 and (
@@ -138,8 +139,14 @@ def llama_like(c: Config, model_id: str) -> ModelSpec:
             # Mixtral's experts use intermediate_size; Qwen3-MoE has a separate key.
             f = c.int("intermediate_size") if mt == "mixtral" else c.int("moe_intermediate_size")
             t += _router(h, E) + _mlp("mlp.experts", h, f, component=X, experts=E)
+            fs = c.int("shared_expert_intermediate_size", default=0)
+            if fs:  # Qwen2-MoE: one shared expert behind a sigmoid gate (shared_expert_gate)
+                t += _mlp("mlp.shared_expert", h, fs) + [
+                    Tensor(name="mlp.shared_expert_gate.weight", shape=(1, h),
+                           component=Component.ROUTER)]
             ffn = Ffn(gated=True, activation=act, intermediate_size=f, num_experts=E,
-                      top_k=c.int("num_experts_per_tok"))
+                      top_k=c.int("num_experts_per_tok"), shared_experts=1 if fs else 0,
+                      shared_intermediate_size=fs, shared_gate=bool(fs))
         else:
             f = c.int("intermediate_size")
             t += _mlp("mlp", h, f, fused=style.fused, bias=mlp_bias)

@@ -10,7 +10,7 @@ from importlib import resources
 from typing import Any
 
 from ..errors import UnsupportedModel, did_you_mean
-from . import classic, decoders
+from . import classic, decoders, ln_decoders
 from ._build import Config
 from .spec import ModelSpec, Tensor
 from .traits import traits_for
@@ -59,8 +59,12 @@ BUILDERS: dict[str, Builder] = {
     "gpt2": classic.gpt2,
     "gpt_neox": classic.gpt_neox,
     "falcon": classic.falcon,
+    "phi": ln_decoders.phi,
+    "stablelm": ln_decoders.stablelm,
+    "starcoder2": ln_decoders.starcoder2,
     "bert": classic.bert,
     "t5": classic.t5,
+    "mt5": classic.t5,  # mT5 / mT0: T5 v1.1's architecture (modeling_mt5.py copies T5)
 }
 """``model_type`` -> builder. Adding an architecture means adding one builder here."""
 
@@ -84,7 +88,7 @@ def layer_types(c: dict[str, Any]) -> list[str]:
     if mt == "gemma3_text":
         k = int(c.get("sliding_window_pattern") or 6)
         return ["sliding_attention" if (i + 1) % k else "full_attention" for i in range(n)]
-    if mt in ("qwen2", "qwen3", "qwen3_moe") and c.get("use_sliding_window") and c.get("sliding_window"):
+    if mt in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and c.get("use_sliding_window") and c.get("sliding_window"):
         first = int(c.get("max_window_layers") or 28)
         return ["sliding_attention" if i >= first else "full_attention" for i in range(n)]
     return ["full_attention"] * n

@@ -118,6 +118,9 @@ class Ffn:
     top_k: int = 0
     shared_experts: int = 0
     shared_intermediate_size: int = 0
+    shared_gate: bool = False
+    """The shared experts' output is scaled by ``sigmoid(linear(x, h -> 1))`` (Qwen2-MoE's
+    ``shared_expert_gate``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

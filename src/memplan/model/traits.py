@@ -29,6 +29,11 @@ class Graph(StrEnum):
     """Fused qkv, partial rotary, optional parallel residual."""
     BERT = "bert"
     """Post-LN encoder with an MLM head."""
+    T5 = "t5"
+    """Encoder-decoder with relative position bias (``estimate/activations/t5.py``)."""
+    LN_DECODER = "ln_decoder"
+    """LayerNorm decoders with (partial) rotary: Phi-1/1.5/2, StableLM, StarCoder2, Falcon
+    (``estimate/activations/ln_decoder.py``)."""
 
 
 class Norm(StrEnum):
@@ -119,21 +124,51 @@ def _num(cfg: Mapping[str, Any], key: str) -> float:
     return float(cfg.get(key) or 0.0)
 
 
-def _rotary_fraction(cfg: Mapping[str, Any]) -> float:
-    """GPT-NeoX's share of head_dim that gets rotary: ``rope_parameters.partial_rotary_factor``
-    (transformers 5), else ``partial_rotary_factor``, else ``rotary_pct``, else 0.25."""
+def _rotary_fraction(cfg: Mapping[str, Any], default: float = 0.25) -> float:
+    """The share of head_dim that gets rotary: ``rope_parameters.partial_rotary_factor``
+    (transformers 5), else ``partial_rotary_factor``, else ``rotary_pct``, else the family's
+    default (GPT-NeoX and StableLM 0.25, Phi 0.5, full rotary 1.0)."""
     rope = cfg.get("rope_parameters") or {}
     for v in (rope.get("partial_rotary_factor"), cfg.get("partial_rotary_factor"),
               cfg.get("rotary_pct")):
         if v is not None:
             return float(v)
-    return 0.25
+    return default
 
 
-_DECODERS = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
-             "gemma3", "gemma3_text", "phi3", "olmo2", "deepseek_v2", "deepseek_v3")
+_LN_ROTARY = {"phi": 0.5, "stablelm": 0.25, "starcoder2": 1.0, "falcon": 1.0}
+"""Default rotary share per LayerNorm-decoder family (transformers 5 config classes)."""
+_LN_DROPOUT = {"phi": ("resid_pdrop", "embd_pdrop"), "stablelm": ("hidden_dropout", ""),
+               "starcoder2": ("residual_dropout", "embedding_dropout"),
+               "falcon": ("hidden_dropout", "")}
+"""(residual, embedding) dropout keys per LayerNorm-decoder family."""
+
+
+def _ln_decoder(model_type: str, cfg: Mapping[str, Any], head_dim: int,
+                tensor_names: set[str], common: dict[str, Any]) -> Traits:
+    """Phi (parallel attention and MLP on one LayerNorm), StableLM (``use_parallel_residual``),
+    StarCoder2 (sequential), Falcon (``parallel_attn`` / ``new_decoder_architecture``)."""
+    res, emb = _LN_DROPOUT[model_type]
+    if model_type == "phi":
+        parallel = True
+    elif model_type == "falcon":
+        parallel = bool(cfg.get("parallel_attn", True) or cfg.get("new_decoder_architecture"))
+    else:
+        parallel = bool(cfg.get("use_parallel_residual"))
+    qk = QkNorm.HEAD if any("q_layernorm" in n for n in tensor_names) else QkNorm.NONE
+    return Traits(graph=Graph.LN_DECODER, norm=Norm.LAYER, qk_norm=qk,
+                  rotary_dims=int(head_dim * _rotary_fraction(cfg, _LN_ROTARY[model_type])),
+                  parallel_residual=parallel,
+                  attention_dropout=_num(cfg, "attention_dropout"),
+                  residual_dropout=_num(cfg, res), embedding_dropout=_num(cfg, emb) if emb else 0.0,
+                  **common)
+
+
+_DECODERS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
+             "gemma2", "gemma3", "gemma3_text", "phi3", "olmo2", "deepseek_v2", "deepseek_v3")
 GRAPHS: dict[str, Graph] = {**dict.fromkeys(_DECODERS, Graph.DECODER), "gpt2": Graph.GPT2,
-                            "gpt_neox": Graph.GPT_NEOX, "bert": Graph.BERT}
+                            "gpt_neox": Graph.GPT_NEOX, "bert": Graph.BERT,
+                            "t5": Graph.T5, "mt5": Graph.T5, **dict.fromkeys(_LN_ROTARY, Graph.LN_DECODER)}
 """``model_type`` -> layer graph. A model type not here has no traits."""
 
 
@@ -148,6 +183,13 @@ def traits_for(model_type: str, cfg: Mapping[str, Any], head_dim: int,
     common = dict(eager_mask=bool(cfg.get("attn_logit_softcapping")),
                   final_softcap=bool(cfg.get("final_logit_softcapping")),
                   layer_types=tuple(cfg.get("layer_types") or ()))
+    if graph is Graph.T5:
+        return Traits(graph=graph, norm=Norm.RMS, causal=True,
+                      attention_dropout=_num(cfg, "dropout_rate"),
+                      residual_dropout=_num(cfg, "dropout_rate"),
+                      embedding_dropout=_num(cfg, "dropout_rate"))
+    if graph is Graph.LN_DECODER:
+        return _ln_decoder(model_type, cfg, head_dim, tensor_names, common)
     if graph is Graph.GPT2:
         return Traits(graph=graph, norm=Norm.LAYER, learned_positions=True,
                       attention_dropout=_num(cfg, "attn_pdrop"),

@@ -112,6 +112,10 @@ class Recipe:
         if m.kind == "qlora" and m.quant == "none":
             p.add("method=qlora needs a quantized base: set quant to nf4, nf4-dq or int8 "
                   "(QLoRA's default is nf4-dq), or use method=lora.")
+        if m.kind == "adapter" and m.adapter_params < 1:
+            p.add("method=adapter needs adapter_params > 0: the number of parameters your "
+                  "adapter trains (e.g. --adapter-params 4194304). For a named PEFT method use "
+                  "its own method (lora, dora, ia3, ...).")
         if m.kind != "qlora" and m.quant != "none":
             p.add(f"quant={m.quant} only applies to method=qlora: quantized base weights are "
                   "frozen, so full/freeze training cannot update them. Use method=qlora or "

@@ -60,6 +60,15 @@ class MethodKind(StrEnum):
     LORA = "lora"
     QLORA = "qlora"
     FREEZE = "freeze"
+    DORA = "dora"
+    LORA_FA = "lora-fa"
+    VERA = "vera"
+    IA3 = "ia3"
+    PROMPT_TUNING = "prompt-tuning"
+    PREFIX_TUNING = "prefix-tuning"
+    LN_TUNING = "ln-tuning"
+    BITFIT = "bitfit"
+    ADAPTER = "adapter"
 
 
 class Quant(StrEnum):
@@ -143,7 +152,13 @@ class Method:
 
     kind: MethodKind = field(default=MethodKind.FULL, metadata=_key("method"))
     """``full`` fine-tuning / pre-training, ``lora``, ``qlora`` (quantized frozen base + LoRA),
-    ``freeze`` (train only the last ``freeze_trainable_layers`` layers)."""
+    ``freeze`` (train only the last ``freeze_trainable_layers`` layers; the backward stops
+    there). PEFT methods, where the gradient flows back through the whole frozen network:
+    ``dora`` (LoRA + magnitude), ``lora-fa`` (LoRA with frozen A), ``vera`` (shared frozen
+    projections, trained scaling vectors), ``ia3`` (learned rescaling vectors),
+    ``prompt-tuning`` / ``prefix-tuning`` (``virtual_tokens``), ``ln-tuning`` (norms train),
+    ``bitfit`` (biases train), ``adapter`` (any method with ``adapter_params`` trainable
+    parameters)."""
     lora_rank: int = field(default=16, metadata={"min": 1})
     """LoRA rank r: each adapted linear (out x in) gains r x (in + out) trainable parameters."""
     lora_alpha: int = 32
@@ -160,6 +175,13 @@ class Method:
     scales, QLoRA's default), ``int8`` (LLM.int8). ``none`` for every other method."""
     freeze_trainable_layers: int = field(default=2, metadata={"min": 1})
     """With ``method = freeze``: how many last layers train (LLaMA-Factory's default is 2)."""
+    virtual_tokens: int = field(default=20, metadata={"min": 1})
+    """With ``prompt-tuning`` / ``prefix-tuning``: PEFT's ``num_virtual_tokens`` (prompt
+    tuning lengthens every sequence by this many tokens; prefix tuning adds this many keys and
+    values to every layer's attention)."""
+    adapter_params: int = field(default=0, metadata={"min": 0})
+    """With ``method = adapter``: trainable parameters of an adapter memplan does not model by
+    name (frozen base, gradients through every layer; kept in ``adapter_dtype``)."""
 
     def __post_init__(self) -> None:
         check_part(self)

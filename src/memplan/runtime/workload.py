@@ -38,6 +38,8 @@ from ..model.resolve import find_config
 from ..facts import optimizer_facts
 from ..recipe import Recipe
 from ..results import ModelInfo
+from ..model.peft_targets import target_modules
+from .peft_methods import PEFT_METHODS, apply_method
 
 __all__ = ["Built", "Workload", "check_traceable", "build_model", "materialize", "build_workload",
            "OPTIMIZERS"]
@@ -48,9 +50,12 @@ OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor")
 
 _LR = 1e-4  # any value: memory does not depend on it
 _TARGET_LEAVES = {
-    "q": ("q_proj", "query", "wq"), "k": ("k_proj", "key", "wk"), "v": ("v_proj", "value", "wv"),
+    "q": ("q_proj", "query", "wq", "query_key_value"),
+    "k": ("k_proj", "key", "wk", "query_key_value"),
+    "v": ("v_proj", "value", "wv", "query_key_value"),
     "o": ("o_proj", "out_proj", "wo", "dense"), "gate": ("gate_proj", "w1"),
-    "up": ("up_proj", "w3", "fc1"), "down": ("down_proj", "w2", "fc2"),
+    "up": ("up_proj", "w3", "fc1", "dense_h_to_4h"), "down": ("down_proj", "w2", "fc2",
+                                                             "dense_4h_to_h"),
 }
 """Leaf module names of each LoRA target (the names of ``memplan.model.module`` minus those
 that are ambiguous, such as GPT-2's ``c_proj`` used by attention and MLP)."""
@@ -195,7 +200,10 @@ def _generic_loss(model: Any, batch: dict[str, Any]) -> Any:
                                              batch["labels"].flatten())
 
 
-def _apply_lora(model: Any, recipe: Recipe, torch: Any) -> Any:
+def _apply_lora(model: Any, recipe: Recipe, torch: Any, spec: Any = None) -> Any:
+    """LoRA on the linears of ``lora_targets``: named from the model's own parameters when
+    its config is known (``model.peft_targets.target_modules``: every family's real linears,
+    T5's ``q``/``v`` included), else by leaf name (``_TARGET_LEAVES``, module factories)."""
     try:
         import peft
     except ImportError:
@@ -203,7 +211,8 @@ def _apply_lora(model: Any, recipe: Recipe, torch: Any) -> Any:
     wanted = {leaf for t in recipe.method.lora_targets for leaf in _TARGET_LEAVES[t]}
     present = {n.rsplit(".", 1)[-1] for n, m in model.named_modules()
                if isinstance(m, torch.nn.Linear)}
-    targets = sorted(wanted & present)
+    targets = (target_modules(spec, recipe.method.lora_targets) if spec is not None
+               else sorted(wanted & present))
     if not targets:
         raise TraceError(f"lora_targets={','.join(recipe.method.lora_targets)} match no nn.Linear of "
                          f"this model (its linear layers: {', '.join(sorted(present)) or 'none'}).")
@@ -260,6 +269,20 @@ class Built:
     """From ``check_traceable``."""
 
 
+def _spec(found: tuple[dict[str, Any], str] | None, model_ref: str) -> Any:
+    """memplan's description of a config-built model (None for module factories and for
+    families memplan has no builder for: the generic path)."""
+    if found is None:
+        return None
+    from ..errors import UnsupportedModel
+    from ..model.hf import from_hf_config
+
+    try:
+        return from_hf_config(found[0], model_ref, where=found[1])
+    except UnsupportedModel:
+        return None
+
+
 def build_model(model_ref: str, recipe: Recipe, *, device: str, seed: int = 0) -> Built:
     """Build ``model_ref`` (catalog id, config.json or directory, ``module:function``) on
     ``device`` (``meta`` to trace) with the recipe's dtype, checkpointing and method applied.
@@ -298,13 +321,26 @@ def build_model(model_ref: str, recipe: Recipe, *, device: str, seed: int = 0) -
                                  "(gradient_checkpointing_enable); use checkpointing=none.")
             enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if recipe.method.kind == "lora":
-            model = _apply_lora(model, recipe, torch)
+            model = _apply_lora(model, recipe, torch, _spec(found, model_ref))
         elif recipe.method.kind == "freeze":
             _freeze(model, recipe.method.freeze_trainable_layers)
+        elif recipe.method.kind in PEFT_METHODS:
+            if found is None:
+                raise TraceError(f"method={recipe.method.kind} needs a transformers model "
+                                 "(a config.json or catalog id), not a module factory.")
+            spec = _spec(found, model_ref)
+            if spec is None and recipe.method.kind not in ("prompt-tuning", "prefix-tuning",
+                                                          "bitfit", "adapter"):
+                raise TraceError(f"method={recipe.method.kind} names its modules from memplan's "
+                                 f"description of the model, and model_type "
+                                 f"{found[0].get('model_type')!r} has none; use lora, "
+                                 "prompt-tuning, prefix-tuning, bitfit or adapter.")
+            model = apply_method(model, recipe, spec, torch)
         _, autocast = _torch_dtype(torch, recipe.precision.kind)
         if autocast is not None and recipe.method.kind != "full":
-            for p in model.parameters():
-                if not p.requires_grad:
+            for name, p in model.named_parameters():
+                # frozen adapter tensors (LoRA-FA's lora_A) keep the adapter dtype
+                if not p.requires_grad and "lora_" not in name:
                     p.data = p.data.to(autocast)
     return Built(model=model, model_ref=model_ref, source=source, notes=notes)
 
@@ -330,6 +366,10 @@ def materialize(model: Any, device: str) -> None:
                 if id(b) not in new:
                     new[id(b)] = empty(b)
                 module._buffers[name] = new[id(b)]
+    tokens = getattr(model, "prompt_tokens", None)  # PEFT prompt learning keeps its token
+    if isinstance(tokens, dict):  # indices in a plain dict, not as buffers
+        for key, t in tokens.items():
+            tokens[key] = torch.zeros(tuple(t.shape), dtype=t.dtype, device=device)
 
 
 def build_workload(built: Built, recipe: Recipe) -> Workload:

@@ -65,6 +65,9 @@ class Case:
     differs: str = ""
     """Where the framework's default differs from memplan's assumption and the estimator does
     not follow it: why. The case is reported, but kept out of the bound and the aggregates."""
+    no_trace: str = ""
+    """Why the case cannot be traced under fake tensors ('' when it can): MoE routing has
+    data-dependent shapes. Measured and estimated only."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -123,6 +126,7 @@ class CaseResult:
             "name": self.case.name,
             "harness": self.case.harness,
             "differs_from_framework": self.case.differs,
+            "no_trace": self.case.no_trace,
             "model": Path(self.case.model).stem,
             "recipe": {k: r.to_dict()[k] for k in (
                 "precision", "optimizer", "method", "checkpointing", "attention", "micro_batch",
@@ -220,7 +224,7 @@ def cases(*, quick: bool = False, device: str = "cpu",
         row = dict(row)
         name, model, is_quick = row.pop("name"), row.pop("model"), row.pop("quick", False)
         harness, base_dtype = row.pop("harness", "memplan"), row.pop("base_dtype", "")
-        differs = row.pop("differs", "")
+        differs, no_trace = row.pop("differs", ""), row.pop("no_trace", "")
         if harness not in HARNESSES:
             raise ConfigError([f"{where}: case {name!r}: harness={harness!r} is not one of "
                                f"{', '.join(HARNESSES)}."])
@@ -231,7 +235,8 @@ def cases(*, quick: bool = False, device: str = "cpu",
         except ConfigError as e:
             raise ConfigError([f"cases.toml: {p}" for p in e.problems]) from None
         out.append(Case(name=name, model=_tiny(model), recipe=recipe, quick=is_quick,
-                        harness=harness, base_dtype=base_dtype, differs=differs))
+                        harness=harness, base_dtype=base_dtype, differs=differs,
+                        no_trace=no_trace))
     return out
 
 
@@ -265,13 +270,34 @@ def run_case(case: Case, device: Any) -> CaseResult:
         return _run_framework_case(case, device, t0)
     try:
         measured = measure_recipe(case.model, case.recipe, device)
-        traced = trace(case.model, case.recipe, device)
-        estimated = estimate(load_model(case.model), case.recipe, device)
+        traced = None if case.no_trace else trace(case.model, case.recipe, device)
+        estimated = _estimate(case, device)
     except Exception as e:  # noqa: BLE001 - one broken case must not hide the others
         return CaseResult(case=case, seconds=time.perf_counter() - t0,
                           error=f"{type(e).__name__}: {e}")
     return CaseResult(case=case, measured=measured, traced=traced, estimated=estimated,
                       seconds=time.perf_counter() - t0)
+
+
+def _estimate(case: Case, device: Any) -> Breakdown:
+    """The analytic estimate, or the generic path (``memplan.generic``) for a family memplan
+    has no builder for, as ``memplan estimate`` does."""
+    from ..errors import UnsupportedModel
+    from ..estimate import estimate
+    from ..model import load_model
+    from ..model.resolve import find_config
+
+    try:
+        spec = load_model(case.model)
+    except UnsupportedModel:
+        from ..generic import generic_estimate
+
+        found = find_config(case.model)
+        if found is None:
+            raise
+        return generic_estimate(case.model, str(found[0].get("model_type")), case.recipe,
+                                device)
+    return estimate(spec, case.recipe, device)
 
 
 def _run_framework_case(case: Case, device: Any, t0: float) -> CaseResult:
@@ -283,7 +309,7 @@ def _run_framework_case(case: Case, device: Any, t0: float) -> CaseResult:
     try:
         peak = measure_with_harness(case.harness, case.model, case.recipe,
                                     base_dtype=case.base_dtype)
-        estimated = estimate(load_model(case.model), case.recipe, device)
+        estimated = _estimate(case, device)
     except Exception as e:  # noqa: BLE001 - one broken case must not hide the others
         return CaseResult(case=case, seconds=time.perf_counter() - t0,
                           error=f"{type(e).__name__}: {e}")

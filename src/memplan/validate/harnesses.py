@@ -18,7 +18,9 @@ harness        the run
 ``trainer``    ``transformers.Trainer`` with ``TrainingArguments(use_cpu=True, ...)``: its default
                optimizer (``adamw_torch_fused``) and gradient clipping (``max_grad_norm=1``)
 ``peft``       the plain loop on ``get_peft_model(model, LoraConfig(r, target_modules))``,
-               every other ``LoraConfig`` field at PEFT's default
+               every other ``LoraConfig`` field at PEFT's default; the other PEFT methods
+               with their own config (``runtime.peft_methods.peft_config``); LoRA-FA with
+               ``peft.optimizers.create_lorafa_optimizer``
 =============  ==========================================================================
 
 The model is built the way a user builds it: ``AutoModelForCausalLM.from_config`` (fp32
@@ -33,8 +35,11 @@ memplan's ``peak_allocated_bytes`` predicts.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import tempfile
+import warnings
 from typing import Any
 
 from ..errors import ConfigError
@@ -122,10 +127,10 @@ def _tracker(model: Any, *external: Any) -> Any:
     return mt
 
 
-def _plain(model: Any, recipe: Recipe) -> int:
+def _plain(model: Any, recipe: Recipe, opt: Any = None) -> int:
     import torch
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4)
+    opt = opt if opt is not None else torch.optim.AdamW(params, lr=1e-4)
     batch = _batch(recipe, model.config.vocab_size)
     mt = _tracker(model, opt)
     with mt:
@@ -190,9 +195,24 @@ def _trainer(model: Any, recipe: Recipe) -> int:
     return _peak(mt)
 
 
-def _peft(model: Any, recipe: Recipe) -> int:
+def _peft(model: Any, recipe: Recipe, config_path: str = "") -> int:
     import peft
 
+    kind = _k(recipe)["method"]
+    if kind not in ("lora", "qlora"):  # the other PEFT methods, with PEFT's own classes
+        from ..model import load_model
+        from ..runtime.peft_methods import peft_config
+
+        with warnings.catch_warnings():  # LN tuning warns for every norm class it copies
+            warnings.simplefilter("ignore", UserWarning)
+            model = peft.get_peft_model(model, peft_config(recipe, load_model(config_path)))
+        if kind != "lora-fa":
+            return _plain(model, recipe)
+        from peft.optimizers import create_lorafa_optimizer
+
+        opt = create_lorafa_optimizer(model, r=_k(recipe)["lora_rank"],
+                                      lora_alpha=_k(recipe)["lora_alpha"], lr=1e-4)
+        return _plain(model, recipe, opt)
     # "all-linear" when the recipe adapts every projection; otherwise PEFT's own default for
     # the architecture (q_proj, v_proj for Llama and Qwen2), which the case must name.
     every = set(_k(recipe)["lora_targets"]) == set(LORA_TARGETS)
@@ -216,4 +236,8 @@ def measure_with_harness(harness: str, config_path: str, recipe: Recipe, *,
         raise ConfigError([f"harness={harness!r} measures with MemTracker on CPU only."])
     if base_dtype not in ("", "bf16", "fp16"):
         raise ConfigError([f"base_dtype={base_dtype!r} is not one of bf16, fp16 (or empty)."])
-    return run(_model(config_path, recipe, base_dtype), recipe)
+    # frameworks may print (DeepSpeed, imported by the HF Trainer when installed, logs to
+    # stdout): keep it off stdout, where `memplan validate --format json` writes its report
+    with contextlib.redirect_stdout(sys.stderr):
+        model = _model(config_path, recipe, base_dtype)
+        return _peft(model, recipe, config_path) if harness == "peft" else run(model, recipe)

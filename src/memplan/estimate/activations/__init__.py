@@ -13,6 +13,8 @@ from ...recipe import Recipe
 from ...units import dtype_bytes
 from ..layout import Stage
 from ...facts import Dtypes
+from ..peft import LORA_LIKE, adapted_roles
+from ...model.peft_targets import ia3_roles
 from .blocks import Ctx
 from .families import stage_graph
 from .graph import Point, simulate
@@ -20,21 +22,30 @@ from .graph import Point, simulate
 __all__ = ["Point", "stage_points"]
 
 
-def _context(recipe: Recipe, dt: Dtypes) -> Ctx:
+def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
     """Sizes and dtypes of one micro-batch on one rank (context parallelism splits the
-    sequence)."""
-    full = recipe.method.kind == "full"
+    sequence; prompt tuning lengthens it by its virtual tokens)."""
+    m = recipe.method
+    full = m.kind == "full"
     act = dtype_bytes(dt.param if full else dt.frozen)
     half = dtype_bytes(dt.compute)
-    lora = recipe.method.kind in ("lora", "qlora")
+    lora = m.kind in ("lora", "qlora")
+    adapted = m.kind in LORA_LIKE or m.kind == "ia3"
+    seq = recipe.batch.seq_len + (m.virtual_tokens if m.kind == "prompt-tuning" else 0)
     # torch.autocast: mixed precision with fp32 parameters (ZeRO >= 1 / fp8 keep a 16-bit model)
     amp = recipe.precision.kind.endswith("-mixed") and dtype_bytes(dt.param) == 4 and half < 4
     par = recipe.parallelism
-    return Ctx(batch=recipe.batch.micro_batch, seq=-(-recipe.batch.seq_len // par.cp),
+    return Ctx(batch=recipe.batch.micro_batch, seq=-(-seq // par.cp),
                act=int(act), half=int(half), amp=amp,
                trained=full, cpu=recipe.platform.device == "cpu",
-               lora_rank=recipe.method.lora_rank if lora else 0,
-               lora_targets=frozenset(recipe.method.lora_targets) if lora else frozenset(),
+               lora_rank=m.lora_rank if adapted else 0,
+               lora_targets=adapted_roles(spec, recipe) if adapted else frozenset(),
+               method=("lora" if lora else str(m.kind)) if adapted else "",
+               ia3_ff=ia3_roles(spec.model_type)[1] if m.kind == "ia3" else frozenset(),
+               bias_trained=m.kind == "bitfit", norms_trained=m.kind == "ln-tuning",
+               prefix=m.virtual_tokens if m.kind == "prefix-tuning" else 0,
+               prompt=m.virtual_tokens if m.kind == "prompt-tuning" else 0,
+               input_grad=m.kind == "adapter",
                adapter=int(dtype_bytes(recipe.method.adapter_dtype)),
                train_act=int(dtype_bytes(dt.param)), loss=recipe.loss.kind,
                sp=par.tp if par.sequence_parallel else 1,
@@ -44,7 +55,7 @@ def _context(recipe: Recipe, dt: Dtypes) -> Ctx:
 def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> tuple[list[Point], int]:
     """Points of one micro-batch through ``stage``; and the parameter-gradient bytes the
     simulated graph produces in total (to scale the gradient lines by progress)."""
-    ctx = _context(recipe, dt)
+    ctx = _context(spec, recipe, dt)
     g = stage_graph(spec, stage.layers, ctx, first=stage.index == 0,
                     last=stage.index == recipe.parallelism.pp - 1, tp=recipe.parallelism.tp,
                     attention=recipe.platform.attention,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import peft_ops
 from .graph import Graph, Tensor
 
 __all__ = ["Ctx", "Blocks"]
@@ -52,6 +53,21 @@ class Ctx:
     freeze`` under autocast: trained layers fp32, frozen ones 16-bit)."""
     cpu: bool = False
     """Kernels as on CPU (dropout saves its noise in the input dtype)."""
+    method: str = ""
+    """The adapter on the linears of ``lora_targets``: ``lora``, ``dora``, ``lora-fa``,
+    ``vera``, ``ia3`` ('' none; ``peft_ops.py``)."""
+    ia3_ff: frozenset[str] = frozenset()
+    """IA3's feed-forward roles (the vector scales the linear's input)."""
+    bias_trained: bool = False
+    """The base's biases train while its weights are frozen (BitFit)."""
+    norms_trained: bool = False
+    """The norms' weights train while the rest is frozen (LN tuning's trainable copies)."""
+    prefix: int = 0
+    """Prefix tuning: key/value positions added to every attention (``virtual_tokens``)."""
+    prompt: int = 0
+    """Prompt tuning: virtual tokens in front of every sequence (included in ``seq``)."""
+    input_grad: bool = False
+    """A trained tensor is added to the embeddings (``method = adapter``)."""
 
     @property
     def tokens(self) -> int:
@@ -63,6 +79,8 @@ class Blocks:
 
     def __init__(self, g: Graph, ctx: Ctx) -> None:
         self.g, self.c = g, ctx
+        self.prefix: Tensor | None = None
+        """Prefix tuning's learned keys and values of every layer (``families._input_side``)."""
 
     def new(self, numel: int, itemsize: int, grad: bool = True, keep: bool = False) -> Tensor:
         return Tensor(int(numel) * itemsize, itemsize, grad, keep)
@@ -134,26 +152,32 @@ class Blocks:
                role: tuple[str, ...] = ()) -> Tensor:
         """``F.linear``: ``mm`` saves its input when the weight is trained, the (cast) weight when
         the input needs a gradient; the bias gradient is a sum (n_out elements). A frozen linear
-        whose ``role`` is a LoRA target gets PEFT's adapter path (``_lora``)."""
+        whose ``role`` is an adapter target gets PEFT's adapter path (``peft_ops.adapt``)."""
         c = self.c
         trained = c.trained if trained is None else trained
         t = tokens or c.tokens
+        adapted = not trained and bool(c.method) and bool(c.lora_targets.intersection(role))
+        if adapted and c.ia3_ff.intersection(role):  # IA3 on a feed-forward linear's input
+            x, adapted = peft_ops.ia3_input(self, x), False
         xin = self.cast(x, c.half) if c.amp else x
         w, pg = self._weight(n_in * n_out, trained)
         if bias and trained:
             pg = pg + ((n_out * c.act, 0),)
-        adapted = not trained and c.lora_rank > 0 and bool(c.lora_targets.intersection(role))
+        if bias and c.bias_trained and not trained:  # BitFit: the bias gradient is a sum
+            pg = pg + ((n_out * c.train_act, 0),)
         mm_in = xin
         if c.sp > 1 and tokens is None and xin.nbytes // xin.itemsize * c.sp == t * n_in:
             # sequence parallel: all-gather the shard before the column-parallel matmul; the
             # shard is what is saved (Megatron re-gathers it in the backward)
             mm_in = self.new(t * n_in, xin.itemsize, xin.grad)
             self.g.op([xin], (mm_in,))
-        y = self.new(t * n_out, c.half if c.amp else c.act, grad=trained or x.grad or adapted)
+        y = self.new(t * n_out, c.half if c.amp else c.act,
+                     grad=trained or x.grad or adapted or (bias and c.bias_trained))
         saves = ([xin] if trained else []) + ([w] if (w is not None and xin.grad) else [])
         self.g.op([mm_in] + ([w] if w is not None else []), (y,), saves, grads=(mm_in,),
                   params=pg)
-        y = self._lora(x, y, n_in, n_out, t) if adapted else y
+        if adapted:
+            y = peft_ops.adapt(self, x, y, n_in, n_out, t, bias=bias)
         if c.sp > 1 and tokens is None and role in (("o",), ("down",)):
             # row-parallel output reduce-scattered back to this rank's sequence shard
             rs = self.new(t // c.sp * n_out, y.itemsize, y.grad)
@@ -161,33 +185,12 @@ class Blocks:
             y = rs
         return y
 
-    def _lora(self, x: Tensor, y: Tensor, n_in: int, n_out: int, t: int) -> Tensor:
-        """PEFT ``lora.Linear.forward`` (lora_dropout 0: ``nn.Identity``): ``x`` cast to the
-        adapter dtype (a copy when it differs), ``lora_A`` (saves that input, r outputs per
-        token), ``lora_B`` (saves the r-wide intermediate), ``* scaling``, ``result +``, cast
-        back to the base output's dtype. Under autocast both adapter matmuls run in 16 bits on
-        cast copies."""
-        c, r = self.c, self.c.lora_rank
-        xa = self.cast(x, c.adapter)
-        if c.amp:
-            xa = self.cast(xa, c.half)
-        size = c.half if c.amp else c.adapter
-        wa, pga = self._weight(r * n_in, True, c.adapter)
-        mid = self.new(t * r, size, True)
-        self.g.op([xa] + ([wa] if wa is not None else []), (mid,),
-                  [xa] + ([wa] if wa is not None and xa.grad else []), grads=(xa,), params=pga)
-        wb, pgb = self._weight(n_out * r, True, c.adapter)
-        out = self.new(t * n_out, size, True)
-        self.g.op([mid] + ([wb] if wb is not None else []), (out,),
-                  [mid] + ([wb] if wb is not None else []), grads=(mid,), params=pgb)
-        return self.cast(self.add(y, self.scale(out)), y.itemsize)
-
     # -- norms ---------------------------------------------------------------------------------
     def rmsnorm(self, x: Tensor, h: int, *, gemma: bool = False) -> Tensor:
         """HF ``LlamaRMSNorm``: upcast to fp32, ``pow``/``mean``/``rsqrt``, ``x * rsqrt``, cast
         back, ``weight *`` (Gemma: ``(1 + weight) *`` in fp32, then cast back)."""
         c = self.c
-        trained, t = c.trained, x.nbytes // x.itemsize // h  # rows normalised
+        trained, t = c.trained or c.norms_trained, x.nbytes // x.itemsize // h  # rows
         in_size = x.itemsize
         xf = self.cast(x, 4)
         sq = self.new(t * h, 4, xf.grad)
@@ -207,7 +210,8 @@ class Blocks:
             self.g.op([n, w], (out,), [n] if trained else [], grads=(n,), params=pg)
             return self.cast(out, in_size)
         nc = self.cast(n, in_size)
-        out = self.new(t * h, max(in_size, c.act), nc.grad or trained)
+        w_size = c.train_act if c.norms_trained and not c.trained else c.act
+        out = self.new(t * h, max(in_size, w_size), nc.grad or trained)
         self.g.op([nc, w], (out,), [nc] if trained else [], grads=(nc,), params=pg)
         return out
 
@@ -215,7 +219,7 @@ class Blocks:
         """``native_layer_norm`` saves input, mean and rstd (fp32, one per row); autocast runs
         it in fp32."""
         c = self.c
-        trained, t = c.trained, x.nbytes // x.itemsize // h  # rows normalised
+        trained, t = c.trained or c.norms_trained, x.nbytes // x.itemsize // h  # rows
         xin = self.cast(x, 4) if c.amp else x
         stats = self.new(2 * t, 4, grad=False)
         out = self.new(t * h, xin.itemsize, xin.grad or trained)
@@ -266,7 +270,7 @@ class Blocks:
     def eager(self, q: Tensor, k: Tensor, v: Tensor, heads: int, kv_heads: int, *,
               dropout: float = 0.0, softcap: bool = False, mask: Tensor | None = None,
               autocast: bool = True, upcast_input: bool = True,
-              out_numel: int | None = None) -> Tensor:
+              out_numel: int | None = None, softmax_fp32: bool = True) -> Tensor:
         """HF ``eager_attention_forward``: ``repeat_kv`` copies (GQA), ``q @ k^T`` (saves both),
         scaling, mask add, softmax in fp32 (saved) cast back, dropout, ``@ v`` (saves the
         probabilities and v), and a contiguous copy of the output for ``o_proj``."""
@@ -278,7 +282,7 @@ class Blocks:
             k = self.copy(k, heads / kv_heads)
             v = self.copy(v, heads / kv_heads)
         size = q.itemsize
-        scores = self.new(B * heads * S * S, size, q.grad or k.grad)
+        scores = self.new(B * heads * S * (S + c.prefix), size, q.grad or k.grad)
         self.g.op([q, k], (scores,), [q, k])
         s = self.scale(scores)
         if softcap:  # Gemma 2: tanh(s / cap) * cap; tanh saves its output
@@ -289,7 +293,8 @@ class Blocks:
             s = self.add(s, mask)
         if upcast_input:  # softmax(dtype=float32): an fp32 copy of the scores first
             s = self.cast(s, 4)
-        p = self.new(B * heads * S * S, 4, s.grad)
+        # softmax(dtype=float32) (T5: softmax in the scores' dtype, ``softmax_fp32`` False)
+        p = self.new(B * heads * S * (S + c.prefix), 4 if softmax_fp32 else s.itemsize, s.grad)
         self.g.op([s], (p,), [p])
         p = self.cast(p, size)
         p = self.dropout(p, dropout)

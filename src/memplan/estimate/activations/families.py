@@ -13,6 +13,10 @@ from ...model.traits import GRAPHS, Graph, Mla, Norm, NormPlacement, QkNorm, Tra
 from .blocks import Blocks, Ctx
 from .graph import Graph as OpGraph
 from .graph import Tensor
+from .ln_decoder import gelu_new, ln_decoder_layer
+from .peft_ops import prefix_kv
+from .t5 import t5_graph
+from ..peft import prefix_token_dim
 
 __all__ = ["stage_graph"]
 
@@ -60,6 +64,9 @@ def _llama_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: int
         q = b.rmsnorm(q, heads * d if full else d, gemma=gemma)
         k = b.rmsnorm(k, kv * d if full else d, gemma=gemma)
     q, k = b.rope(q), b.rope(k)
+    if b.prefix is not None:  # prefix tuning: the cache prepends the learned keys and values
+        k, v = prefix_kv(b, k, v, heads, kv, d, sdpa=attention != "eager")
+        kv = heads if attention != "eager" else kv
     softcap = tr.attn_softcap
     with b.g.checkpoint(selective):
         if attention == "eager" or softcap:
@@ -169,7 +176,12 @@ def _moe(b: Blocks, y: Tensor, h: int, ffn: Any, tp: int) -> Tensor:
         fs = ffn.shared_intermediate_size // tp
         gt = b.linear(y, h, fs, role=("gate",))
         up = b.linear(y, h, fs, role=("up",))
-        res = b.add(res, b.linear(b.mul(b.unary(gt), up), fs, h, role=("down",)))
+        shared = b.linear(b.mul(b.unary(gt), up), fs, h, role=("down",))
+        if ffn.shared_gate:  # Qwen2-MoE: sigmoid(shared_expert_gate(x)) * shared (sigmoid
+            # saves its output, the mul both operands)
+            gate = b.unary(b.linear(y, h, 1), saves_input=False, saves_output=True)
+            shared = b.mul(gate, shared)
+        res = b.add(res, shared)
     return res
 
 
@@ -214,17 +226,6 @@ def _qkv_attention(b: Blocks, y: Tensor, h: int, heads: int, d: int, *, attentio
     return b.linear(o, heads * d, h, bias=True, role=("o",))
 
 
-def _gelu_new(b: Blocks, x: Tensor) -> Tensor:
-    """GPT-2 ``NewGELUActivation`` in Python ops: ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x +
-    0.044715 * x**3)))``: pow saves x, tanh its output, the last mul both operands."""
-    p3 = b.unary(x)
-    inner = b.add(x, b.scale(p3))
-    t = b.unary(b.scale(inner), saves_input=False, saves_output=True)
-    one = b.scale(t)
-    half = b.scale(x)
-    return b.mul(half, one)
-
-
 def _classic_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: int,
                    attention: str, mask: Tensor | None, selective: bool) -> Tensor:
     """GPT-2 (pre-LN, Conv1D, gelu_new, dropout everywhere), GPT-NeoX (parallel residual,
@@ -240,7 +241,7 @@ def _classic_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: i
 
     def mlp(y: Tensor) -> Tensor:
         u = b.linear(y, h, f, bias=True, role=("up",))
-        act = _gelu_new(b, u) if tr.graph is Graph.GPT2 else b.unary(u)
+        act = gelu_new(b, u) if tr.graph is Graph.GPT2 else b.unary(u)
         return b.dropout(b.linear(act, f, h, bias=True, role=("down",)), p_res)
 
     if tr.placement is NormPlacement.POST_LN:  # BERT
@@ -256,6 +257,34 @@ def _classic_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: i
     return b.add(mlp(b.layernorm(r, h)), r)
 
 
+def _input_side(b: Blocks, spec: ModelSpec, x: Tensor | None) -> Tensor:
+    """What input-side PEFT methods do to the embedding output ``x``: prompt tuning
+    (``x`` None: PEFT's ``PeftModelForCausalLM.forward`` embeds the tokens, casts the
+    ``virtual_tokens x hidden`` prompt to their dtype and ``torch.cat``s it in front: the
+    sequence is longer from here on), prefix tuning (the prompt encoder's ``virtual_tokens x
+    layers x 2 x kv width`` output, in the adapter dtype, cast to the base dtype, prepended to
+    every layer's keys and values: ``peft_ops.prefix_cat``), ``adapter`` (a trained tensor
+    added to the embeddings: the gradient reaches them)."""
+    c = b.c
+    h = spec.hidden_size
+    if c.prompt:
+        seq = c.seq - c.prompt
+        emb = b.new(c.batch * seq * h, c.act, grad=False)
+        b.g.op([], (emb,))
+        prompt = b.new(c.batch * c.prompt * h, c.adapter, grad=True)
+        b.g.op([], (prompt,))
+        return b.cat([b.cast(prompt, c.act), emb], h)
+    if c.prefix:
+        dim = prefix_token_dim(spec)
+        p = b.new(c.batch * c.prefix * spec.num_layers * 2 * dim, c.adapter, grad=True)
+        b.g.op([], (p,))
+        b.prefix = b.cast(p, c.act)
+    if c.input_grad:
+        return b.add(x, b.new(h, c.act, grad=True))
+    assert x is not None
+    return x
+
+
 def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: bool,
                 tp: int, attention: str, checkpointing: str,
                 train_from: int | None = None) -> OpGraph:
@@ -263,12 +292,14 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
     head and loss if ``last``) for one micro-batch on one rank. ``train_from``: layers from
     this index on train even when ``ctx.trained`` is false (``method = freeze``)."""
     tr = _traits(spec)
+    if tr.graph is Graph.T5:
+        return t5_graph(spec, tr, ctx, attention=attention, checkpointing=checkpointing)
     g = OpGraph()
     b = Blocks(g, ctx)
     h, V = spec.hidden_size, spec.vocab_size
     if first:
         g.region = "embedding"
-        x = b.embedding(h, V)
+        x = _input_side(b, spec, b.embedding(h, V) if not ctx.prompt else None)
         if tr.embedding_scale:
             x = b.scale(x)
         if tr.learned_positions:  # + learned positions (+ token types), dropout
@@ -292,10 +323,12 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
         # eager attention gets a materialised B x 1 x S x S additive mask in the embedding
         # dtype, one per attention type (full / sliding window: layer_types)
         for kind in sorted(set(tr.layer_types or ["full_attention"])):
-            masks[kind] = b.new(ctx.batch * ctx.seq * ctx.seq, ctx.act, grad=False)
+            masks[kind] = b.new(ctx.batch * ctx.seq * (ctx.seq + ctx.prefix), ctx.act,
+                                grad=False)
             g.op([], (masks[kind],))
     kinds = tr.layer_types
-    layer_fn = _llama_layer if tr.graph is Graph.DECODER else _classic_layer
+    layer_fn = {Graph.DECODER: _llama_layer,
+                Graph.LN_DECODER: ln_decoder_layer}.get(tr.graph, _classic_layer)
     for i in layers:
         g.region = f"layer {i}"
         mask = masks.get(kinds[i] if i < len(kinds) else "full_attention")
@@ -320,7 +353,8 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
             else:
                 b.fused_lm_loss(x, h, V // tp, trained=ctx.trained)
             return g
-        logits = b.linear(x, h, V // tp, trained=ctx.trained, bias=not tr.causal)
+        head_bias = not tr.causal or any(t.name == "lm_head.bias" for t in spec.head)
+        logits = b.linear(x, h, V // tp, trained=ctx.trained, bias=head_bias)
         g.region = "loss"
         b.causal_lm_loss(logits, V // tp, softcap=tr.final_softcap, shift=tr.causal)
     return g
