@@ -29,7 +29,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("calibrate",),  # memplan calibrate's micro-benchmarks (torch), over timing's Calibration
     ("report", "validate", "export"),  # export: recipe -> engine configs and back
     ("api", "cli_options"),
-    ("web", "cli_calibrate", "cli_export"),  # memplan serve: the page over api and report (issue #16)
+    ("validate_dist",),  # memplan validate --nproc: torchrun runs against api's estimate + export
+    ("web", "cli_calibrate", "cli_export", "cli_validate_dist"),  # memplan serve: the page over api and report (issue #16)
     ("cli", "__init__"),
     ("__main__",),
 )

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from .cli_options import FROM_HELP, fail as _fail, guard as _guard, host_option, recipe_options
+from .cli_validate_dist import NPROC_HELP as _NPROC_HELP
 
 app = typer.Typer(
     add_completion=False,
@@ -336,10 +337,13 @@ def validate(
     quick: Annotated[bool, Opt("--quick", help="The quick subset (CI).")] = False,
     cases: Annotated[Path | None, Opt(help="A cases TOML instead of the built-in matrix.")] = None,
     format: Annotated[str, Opt("--format", help="table | json.")] = "table",
+    nproc: Annotated[int, Opt(help=_NPROC_HELP)] = 1,
 ) -> None:
     """Run the accuracy matrix for real, trace and estimate each case, and compare. Exits 1
     when a case exceeds its bound (trace 1%, estimate 5% of the measured peak)."""
     _check_format(format)
+    if nproc != 1:
+        return __import__(f"{__package__}.cli_validate_dist", fromlist=["x"]).run(nproc, format)
     from rich.console import Console
     from rich.progress import Progress
 

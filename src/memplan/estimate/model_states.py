@@ -24,9 +24,6 @@ from .states import optimizer_state_bytes, quantized_bytes
 __all__ = ["model_state_items"]
 
 F, B, O = Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER
-DS_REDUCE_BUCKET = 500_000_000
-"""DeepSpeed ``reduce_bucket_size`` / ``allgather_bucket_size`` default, elements
-(deepspeed/runtime/zero/config.py)."""
 
 
 def _sum(pairs: list[tuple[Held, float]], recipe: Recipe, shard: bool) -> int:
@@ -92,6 +89,14 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
         [(h, quantized_bytes(h.numel, h.tensor.shape[0], recipe.method.quant)) for h in quantized],
         shard=z == 3, pool=param_pool,
         formula="bitsandbytes storage incl. quantization constants (QLoRA paper §3)")
+    if z == 3 and recipe.engine_kind == "deepspeed" and recipe.parallelism.shard_degree > 1:
+        limit = recipe.engine.stage3_param_persistence_threshold
+        small = [h for h in stage.held if not h.quantized and h.numel <= limit]
+        add(Category.PARAMS, "ZeRO-3 persistent parameters (kept gathered)",
+            [(h, h.numel * (pb if h.trainable else fb)) for h in small], shard=False,
+            formula=f"DeepSpeed keeps every parameter of <= {limit:,} elements "
+            "(stage3_param_persistence_threshold) gathered on each rank beside its partition "
+            "(deepspeed/runtime/zero/parameter_offload.py mark_persistent_parameters, 0.19.8)")
     if recipe.precision.kind == "fp8-mixed" and z < 3:
         linear = [(h, h.numel * 2.0) for h in base if h.tensor.is_linear]
         add(Category.PARAMS, "fp8 weight cache (+ transpose)", linear, shard=False,
@@ -151,6 +156,16 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
     out: list[Line] = []
     cb, gb = dtype_bytes(dt.compute), dtype_bytes(dt.grad)
     t_numel = sum(h.numel for h in trainable)
+    deepspeed = recipe.engine_kind == "deepspeed"
+    if recipe.parallelism.zero == 3 and recipe.parallelism.shard_degree > 1 and deepspeed \
+            and recipe.engine.contiguous_gradients and t_numel:
+        out.append(_line(
+            category=Category.COMMUNICATION, name="ZeRO-3 gradient bucket (contiguous_gradients)",
+            bytes=recipe.engine.reduce_bucket_size * gb,
+            formula=f"reduce_bucket_size = {recipe.engine.reduce_bucket_size:,} elements of the "
+            "gradient dtype, allocated once and kept (DeepSpeedZeroOptimizer_Stage3.__init__, "
+            "deepspeed/runtime/zero/stage3.py, 0.19.8: 'if self.contiguous_gradients: "
+            "bucket.buffer = torch.empty(self.reduce_bucket_size, ...)')"))
     if recipe.parallelism.zero == 3 and recipe.parallelism.shard_degree > 1:
         unit = stage.largest_unit_numel
         gathered = max((sum(quantized_bytes(h.numel, h.tensor.shape[0], recipe.method.quant)
@@ -175,17 +190,19 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
                 formula="gradient_as_bucket_view=False (default) keeps a second full copy of the "
                 "gradients in buckets (torch DistributedDataParallel docstring)"))
         else:
-            n = min(DS_REDUCE_BUCKET, t_numel)
+            e = recipe.engine
+            n = min(e.reduce_bucket_size, t_numel)
             out.append(_line(
                 category=Category.COMMUNICATION, name="ZeRO reduce bucket",
                 bytes=math.ceil(n * gb), phases=(B,),
-                formula="reduce_bucket_size = 5e8 elements (DeepSpeed default)"))
+                formula=f"reduce_bucket_size = {e.reduce_bucket_size:,} elements (DeepSpeed "
+                "default 5e8), at most the trainable elements"))
             p_numel = sum(h.numel for h in stage.held)
             out.append(_line(
                 category=Category.COMMUNICATION, name="ZeRO all-gather bucket",
-                bytes=math.ceil(min(DS_REDUCE_BUCKET, p_numel) * cb), phases=(O,),
-                formula="allgather_bucket_size = 5e8 elements for the updated parameters "
-                "(DeepSpeed default)"))
+                bytes=math.ceil(min(e.allgather_bucket_size, p_numel) * cb), phases=(O,),
+                formula=f"allgather_bucket_size = {e.allgather_bucket_size:,} elements for the "
+                "updated parameters (DeepSpeed default 5e8)"))
     return out
 
 

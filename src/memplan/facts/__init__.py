@@ -104,9 +104,17 @@ def _dtype_rows() -> dict[tuple[str, str], Dtypes]:
 
 
 def dtypes(recipe: Recipe) -> Dtypes:
-    """The dtype of every model state under ``recipe`` (see the module table)."""
+    """The dtype of every model state under ``recipe`` (see the module table).
+
+    Sharding engines built on torch (FSDP1, FSDP2, torchtitan) keep the sharded parameters in
+    fp32 and cast only the all-gathered copy to ``param_dtype``: the fp32 shard is the master,
+    as under plain AMP, so they take the ``zero = "0"`` rows (torch ``fully_shard`` /
+    ``MixedPrecisionPolicy`` docs; measured by ``memplan validate --nproc 2``: a rank holds
+    its fp32 shard and AdamW states, no 16-bit copy and no separate master). DeepSpeed and
+    Megatron keep 16-bit parameters beside an fp32 master (the ``"1+"`` rows)."""
     p, rows = str(recipe.precision.kind), _dtype_rows()
-    zero = "1+" if recipe.parallelism.zero >= 1 else "0"
+    torch_sharding = str(recipe.engine_kind) in ("fsdp1", "fsdp2", "torchtitan")
+    zero = "1+" if recipe.parallelism.zero >= 1 and not torch_sharding else "0"
     d = rows.get((p, "any")) or rows[(p, zero)]
     if recipe.precision.grad_dtype == "fp32":
         d = replace(d, grad="fp32")
