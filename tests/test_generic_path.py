@@ -47,3 +47,13 @@ def test_a_model_type_transformers_does_not_know_is_refused(tmp_path):
     cfg.write_text(json.dumps({"model_type": "no-such-family", "hidden_size": 8}))
     with pytest.raises(UnsupportedModel, match="no-such-family"):
         estimate_from_names(str(cfg), Recipe.of(device="cpu", seq_len=64))
+
+
+def test_gpu_recipe_on_a_cpu_only_torch_is_traced_with_cpu_kernels_and_says_so():
+    import torch
+
+    if torch.backends.cuda.is_built():
+        pytest.skip("this torch has CUDA: the generic path traces CUDA kernels")
+    b = estimate_from_names(_tiny("opt"), Recipe.of(micro_batch=1, seq_len=64))
+    assert any("CPU kernels" in n for n in b.model.notes)
+    assert b.device.name.startswith("H100")

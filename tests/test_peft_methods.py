@@ -36,8 +36,11 @@ def test_trainable_count_equals_peft(model, method):
     r = _recipe(method, lora_rank=8)
     built = build_model(_tiny(model), r, device="meta")
     real = sum(p.numel() for p in built.model.parameters() if p.requires_grad)
-    est = estimate(load_model(_tiny(model)), r, get_device("H100-80GB"))
-    assert est.model.trainable_params == real
+    from memplan.estimate import _trainable
+
+    # counted by the layout even where the activation graph refuses the method (prefix
+    # tuning on GPT-2 and Falcon)
+    assert _trainable(load_model(_tiny(model)), r) == real
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -43,6 +43,20 @@ def check_compatible(model: ModelSpec, recipe: Recipe) -> None:
             p.add(f"ep={par.ep} does not divide the {experts} experts of {model.id}. "
                   f"Use a divisor of {experts}.")
     peft_problems(model, recipe, p)
+    graph = model.traits.graph if model.traits is not None else None
+    if recipe.method.kind in ("prompt-tuning", "prefix-tuning") and graph not in (
+            "decoder", "ln_decoder") and not (recipe.method.kind == "prompt-tuning"
+                                              and graph in ("gpt2", "gpt_neox")):
+        which = ("Llama lineage, Phi, StableLM, StarCoder2, Falcon, GPT-2, GPT-NeoX"
+                 if recipe.method.kind == "prompt-tuning"
+                 else "Llama lineage, Phi, StableLM, StarCoder2")
+        p.add(f"method={recipe.method.kind} is modelled for decoder-only families ({which}); "
+              f"{model.id} ({model.model_type}) is not one of them. Use lora, ia3 or "
+              "--method adapter with its parameter count.")
+    if recipe.method.kind == "prefix-tuning" and model.model_type == "falcon":
+        p.add("method=prefix-tuning on falcon: PEFT 0.21.2 shapes the prefix with every query "
+              "head while Falcon's cache holds its k/v heads (the real run fails in torch.cat). "
+              "Use prompt-tuning, lora or ia3.")
     if model.traits is not None and model.traits.graph == "t5" and par.tp * par.pp * par.cp > 1:
         p.add(f"{model.id} is an encoder-decoder (T5): memplan's T5 graph runs the whole model "
               "on one rank; use tp=1, pp=1, cp=1 (data parallelism and ZeRO are fine).")

@@ -15,6 +15,7 @@ from ...model.spec import Layer, ModelSpec
 from ...model.traits import QkNorm, Traits
 from .blocks import Blocks
 from .graph import Tensor
+from .peft_ops import prefix_kv
 
 __all__ = ["gelu_new", "ln_decoder_layer"]
 
@@ -71,6 +72,9 @@ def _attention(b: Blocks, y: Tensor, layer: Layer, tr: Traits, h: int, *, tp: in
         q, k = b.layernorm(q, d), b.layernorm(k, d)
     q = _rotate(b, q, heads * d, d, tr.rotary_dims)
     k = _rotate(b, k, kv * d, d, tr.rotary_dims)
+    if b.prefix is not None:  # prefix tuning: learned keys and values prepended per layer
+        k, v = prefix_kv(b, k, v, heads, kv, d, sdpa=attention != "eager" and not math)
+        kv = heads if attention != "eager" and not math else kv
     with b.g.checkpoint(selective):
         if math:  # the math kernel computes on scaled copies, k and v broadcast by matmul
             if b.c.amp:
