@@ -25,3 +25,21 @@ def test_write_is_the_exported_text_and_reads_back(target):
 def test_unknown_target_names_close_matches():
     with pytest.raises(ConfigError, match="Did you mean 'deepspeed'"):
         get_target("deepsped")
+
+
+def test_estimate_table_shows_what_from_read_resolved_and_ignored(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from memplan.cli import app
+
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"},
+                                "gradient_clipping": 1.0}))
+    r = CliRunner().invoke(app, ["estimate", "meta-llama/Llama-3.2-1B", "--from", str(path),
+                                 "--gpus", "4"], catch_exceptions=False, env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert f"read from {path} as deepspeed" in r.stdout
+    assert f"auto: reduce_bucket_size=auto = hidden_size^2 = {2048 ** 2:,}" in r.stdout
+    assert "not modelled by memplan (ignored): gradient_clipping" in r.stdout
