@@ -158,13 +158,14 @@ def test_hf_training_arguments_load(keys, tmp_path):
     fsdp_cfg = args.get("fsdp_config")
     if fsdp_cfg is not None:
         # TrainingArguments drops unknown fsdp_config keys silently; these are the ones
-        # transformers' FSDP integration reads (transformers/training_args.py, 5.23)
+        # transformers' FSDP integration reads (transformers/training_args.py, 5.23; the
+        # offload key is cpu_offload, line 2830: "offload_params" would be dropped silently)
         assert set(fsdp_cfg) <= {"version", "reshard_after_forward", "cpu_offload",
                                  "activation_checkpointing", "min_num_params",
                                  "transformer_layer_cls_to_wrap", "backward_prefetch",
                                  "forward_prefetch", "limit_all_gathers", "use_orig_params",
                                  "sync_module_states", "cpu_ram_efficient_loading",
-                                 "offload_params", "state_dict_type"}
+                                 "state_dict_type"}
         args = {k: v for k, v in args.items() if k not in ("fsdp", "fsdp_config")}
         # FSDP needs a process group to build its plugin; the rest is checked on CPU
     args["output_dir"] = str(tmp_path)

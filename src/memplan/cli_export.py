@@ -83,14 +83,13 @@ def export_command(
 
     def run() -> str:
         from . import api
-        from .export import TARGETS, ExportContext, export
+        from .export import ExportContext, export, get_target
         from .model import load_model
 
-        if to not in TARGETS:
-            export(api.load_recipe(None, {}), to)  # raises the error naming the targets
+        get_target(to)  # an unknown --to fails here, naming the targets and close matches
         job, _setup = api.load_job(recipe, flags, {}, engine_file=from_file, model=model)
         spec = load_model(model)
-        target_engine = TARGETS[to].engine
+        target_engine = get_target(to).engine
         if target_engine is not None:
             job = job.with_keys(engine=target_engine)  # refused with the reason when it cannot
         result = api.estimate_from_names(spec, job, api.Machine(gpu=gpu, node=node),

@@ -21,7 +21,7 @@ from .common import ExportContext, Exported, Imported
 if TYPE_CHECKING:
     from ..recipe import Recipe
 
-__all__ = ["TARGETS", "Target", "export", "read_engine_text", "read_engine_file",
+__all__ = ["TARGETS", "Target", "get_target", "export", "write", "read_engine_text", "read_engine_file",
            "detect_format", "ExportContext", "Exported", "Imported"]
 
 
@@ -60,7 +60,9 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
 """``--to`` name -> target."""
 
 
-def _target(name: str) -> Target:
+def get_target(name: str) -> Target:
+    """The ``--to`` target called ``name``; an unknown name raises ``ConfigError`` with close
+    matches."""
     if name not in TARGETS:
         raise ConfigError([f"--to {name!r} is not a target; choose one of "
                            f"{', '.join(TARGETS)}.{did_you_mean(name, list(TARGETS))}"])
@@ -72,7 +74,7 @@ def export(recipe: Recipe, target: str, ctx: ExportContext | None = None) -> Exp
     with that engine (refused, with the reason, when the engine cannot run it)."""
     from ..recipe import Recipe
 
-    t, ctx = _target(target), ctx or ExportContext()
+    t, ctx = get_target(target), ctx or ExportContext()
     engine = t.engine or str(recipe.engine_kind)
     base = recipe.with_keys(engine=engine)
     text = t.write(base, ctx)
@@ -85,6 +87,12 @@ def export(recipe: Recipe, target: str, ctx: ExportContext | None = None) -> Exp
     if merged != base:  # an internal invariant of the readers, not a user error
         raise AssertionError(f"{target}: reading the export back gave {merged}, not {base}")
     return Exported(target=target, text=text, not_carried=not_carried)
+
+
+def write(recipe: Recipe, target: str, ctx: ExportContext | None = None) -> str:
+    """The text of ``recipe`` exported to ``target`` (``export(...).text``): the library call the
+    distributed validation configures its runs from."""
+    return export(recipe, target, ctx).text
 
 
 def detect_format(text: str, suffix: str) -> str | None:
@@ -118,7 +126,7 @@ def detect_format(text: str, suffix: str) -> str | None:
 def read_engine_text(text: str, target: str, where: str,
                      hidden_size: int | None = None) -> Imported:
     """Recipe keys from an engine config's text in format ``target``."""
-    return _target(target).read(text, where, hidden_size=hidden_size)
+    return get_target(target).read(text, where, hidden_size=hidden_size)
 
 
 def read_engine_file(path: str | Path, fmt: str | None = None,

@@ -96,6 +96,8 @@ def render_breakdown(b: Breakdown) -> RenderableType:
              f"{fmt_count(m.trainable_params)} ({m.trainable_params:,}); "
              f"{m.layers} layers; config: {m.source.split(' (')[0]}"),
         Text(f"recipe: {_recipe_line(r)}"),
+        # --from FILE: what was read, the "auto" values resolved, the keys not modelled
+        *[Text(f"  {n}", style="dim") for n in r.get("notes") or ()],
         Text("lines: what is allocated at the peak moment of the step", style="dim"),
         Text(""),
     ]
