@@ -406,6 +406,7 @@ def serve(
 from .cli_calibrate import calibrate_command  # noqa: E402  (its own module: issue #19)
 
 app.command("calibrate")(calibrate_command)
+from .cli_plan import register as _register_plan; _register_plan(app)  # noqa: E402,E702  (issue #13)
 
 
 def main() -> None:

@@ -55,10 +55,11 @@ def _step_lines(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
     return out
 
 
-def _instants(model: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Instant]:
+def _instants(model: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
+              memo: dict[object, object] | None = None) -> list[Instant]:
     """The activation timeline of one micro-batch, plus the saved activations of the other
     micro-batches a pipeline stage holds in flight (1F1B: stage i holds pp - i)."""
-    points, grad_total = stage_points(model, stage, recipe, dt)
+    points, grad_total = stage_points(model, stage, recipe, dt, memo)
     par = recipe.parallelism
     inflight = inflight_microbatches(par.pp, stage.index, par.pp_virtual,
                                      recipe.batch.grad_accum)
@@ -105,7 +106,8 @@ def inflight_microbatches(pp: int, stage: int, virtual: int, microbatches: int) 
     return chunks / virtual
 
 
-def _ranks(model: ModelSpec, recipe: Recipe, device: Device) -> tuple[RankBreakdown, ...]:
+def _ranks(model: ModelSpec, recipe: Recipe, device: Device,
+           memo: dict[object, object] | None = None) -> tuple[RankBreakdown, ...]:
     """One ``RankBreakdown`` per pipeline stage (the recipe is already checked)."""
     dt = dtypes(recipe)
     on_cpu = recipe.platform.device == "cpu"
@@ -114,7 +116,7 @@ def _ranks(model: ModelSpec, recipe: Recipe, device: Device) -> tuple[RankBreakd
     for stage in layout(model, recipe):
         lines = model_state_items(stage, recipe, dt) + overhead_items(device, on_cpu)
         lines += nccl_items(recipe, stage.index) + _step_lines(stage, recipe, dt)
-        instants = _instants(model, stage, recipe, dt)
+        instants = _instants(model, stage, recipe, dt, memo)
         timeline = moments(lines, instants)
         outside = [ln.item for ln in lines if ln.item.pool != Pool.ALLOCATED]
         slack = fragmentation_item(max(m.allocated_bytes for m in timeline), recipe)
@@ -126,15 +128,18 @@ def _ranks(model: ModelSpec, recipe: Recipe, device: Device) -> tuple[RankBreakd
 
 
 def estimate(model: ModelSpec, recipe: Recipe, device: Device, *,
-             search_micro_batch: bool = True) -> Breakdown:
+             search_micro_batch: bool = True,
+             memo: dict[object, object] | None = None) -> Breakdown:
     """Estimate per-rank GPU memory of training ``model`` with ``recipe`` on ``device``: the
     step's timeline per rank role, its peak, and the largest micro-batch that fits.
+    ``memo``: a dict kept by a caller estimating many recipes of this one ``model``
+    (``memplan.plan``): the activation simulation is reused where its inputs repeat.
 
     Raises:
         ConfigError: the recipe cannot apply to this model (all problems listed).
     """
     check_compatible(model, recipe)
-    ranks = _ranks(model, recipe, device)
+    ranks = _ranks(model, recipe, device, memo)
     mmb = max_micro_batch(model, recipe, device) if search_micro_batch else None
     return Breakdown(
         source="estimate",

@@ -41,14 +41,25 @@ def _context(recipe: Recipe, dt: Dtypes) -> Ctx:
                capacity=float(par.moe_capacity_factor))
 
 
-def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> tuple[list[Point], int]:
+def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
+                 memo: dict[object, object] | None = None) -> tuple[list[Point], int]:
     """Points of one micro-batch through ``stage``; and the parameter-gradient bytes the
-    simulated graph produces in total (to scale the gradient lines by progress)."""
+    simulated graph produces in total (to scale the gradient lines by progress).
+
+    ``memo``: a dict the caller keeps for one ``spec`` (``memplan.plan`` evaluating many
+    recipes of one model); results are stored under exactly the arguments the graph is built
+    from, so a hit returns what the simulation would (the points are shared: read only)."""
     ctx = _context(recipe, dt)
-    g = stage_graph(spec, stage.layers, ctx, first=stage.index == 0,
-                    last=stage.index == recipe.parallelism.pp - 1, tp=recipe.parallelism.tp,
-                    attention=recipe.platform.attention,
-                    checkpointing=recipe.checkpointing.kind,
-                    train_from=(spec.num_layers - recipe.method.freeze_trainable_layers
-                                if recipe.method.kind == "freeze" else None))
-    return simulate(g), g.param_grad_bytes
+    args = dict(first=stage.index == 0, last=stage.index == recipe.parallelism.pp - 1,
+                tp=recipe.parallelism.tp, attention=str(recipe.platform.attention),
+                checkpointing=str(recipe.checkpointing.kind),
+                train_from=(spec.num_layers - recipe.method.freeze_trainable_layers
+                            if recipe.method.kind == "freeze" else None))
+    key = ("stage_points", stage.layers, ctx, *args.values())
+    if memo is not None and key in memo:
+        return memo[key]  # type: ignore[return-value]
+    g = stage_graph(spec, stage.layers, ctx, **args)  # type: ignore[arg-type]
+    out = simulate(g), g.param_grad_bytes
+    if memo is not None:
+        memo[key] = out
+    return out
