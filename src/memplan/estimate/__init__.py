@@ -40,10 +40,18 @@ def _role(stage: Stage, recipe: Recipe) -> str:
     return f"pp stage {stage.index} ({layers}{extra})"
 
 
-def _trainable(model: ModelSpec, recipe: Recipe) -> int:
+def _trainable(model: ModelSpec, recipe: Recipe, memo: dict[object, object] | None = None) -> int:
     """Trainable parameters of the whole model (adapters for LoRA), counted once."""
     whole = replace(recipe, parallelism=Parallelism(), offload=Offload())
-    return sum(h.numel for h in layout(model, whole)[0].held if h.trainable)
+    return sum(h.numel for h in layout(model, whole, memo)[0].held if h.trainable)
+
+
+def _by_component(model: ModelSpec, memo: dict[object, object] | None) -> dict[str, int]:
+    if memo is None:
+        return model.params_by_component()
+    if "params_by_component" not in memo:
+        memo["params_by_component"] = model.params_by_component()
+    return dict(memo["params_by_component"])  # type: ignore[call-overload]
 
 
 def _step_lines(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
@@ -113,7 +121,7 @@ def _ranks(model: ModelSpec, recipe: Recipe, device: Device,
     on_cpu = recipe.platform.device == "cpu"
     ranks = []
     per_stage = recipe.parallelism.gpus // recipe.parallelism.pp
-    for stage in layout(model, recipe):
+    for stage in layout(model, recipe, memo):
         lines = model_state_items(stage, recipe, dt) + overhead_items(device, on_cpu)
         lines += nccl_items(recipe, stage.index) + _step_lines(stage, recipe, dt)
         instants = _instants(model, stage, recipe, dt, memo)
@@ -144,8 +152,8 @@ def estimate(model: ModelSpec, recipe: Recipe, device: Device, *,
     return Breakdown(
         source="estimate",
         model=ModelInfo(id=model.id, model_type=model.model_type, params=model.num_params,
-                        trainable_params=_trainable(model, recipe),
-                        params_by_component=model.params_by_component(),
+                        trainable_params=_trainable(model, recipe, memo),
+                        params_by_component=_by_component(model, memo),
                         layers=model.num_layers, source=model.source, notes=model.notes),
         recipe=recipe.to_dict(),
         device=device.info(),

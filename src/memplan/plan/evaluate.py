@@ -123,8 +123,9 @@ class Evaluated:
     @classmethod
     def of(cls, recipe: Recipe, b: Breakdown) -> Evaluated:
         t = b.time
-        return cls(recipe=recipe, peak_bytes=b.worst.device_total_bytes,
-                   capacity_bytes=b.capacity_bytes, worst_role=b.worst.role,
+        worst = b.worst
+        return cls(recipe=recipe, peak_bytes=worst.device_total_bytes,
+                   capacity_bytes=b.capacity_bytes, worst_role=worst.role,
                    host_bytes=b.host.per_node_peak_bytes if b.host else None,
                    host_capacity_bytes=b.host.capacity_bytes if b.host else None,
                    nvme_bytes=b.nvme.bytes if b.nvme else None,

@@ -8,12 +8,15 @@ instant: saved activations, temporaries, and the parameter gradients produced so
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ...model.spec import ModelSpec
 from ...recipe import Recipe
 from ...units import dtype_bytes
 from ..layout import Stage
 from ...facts import Dtypes
 from .blocks import Ctx
+from .compose import compose, signatures
 from .families import stage_graph
 from .graph import Point, simulate
 
@@ -55,11 +58,40 @@ def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
                 checkpointing=str(recipe.checkpointing.kind),
                 train_from=(spec.num_layers - recipe.method.freeze_trainable_layers
                             if recipe.method.kind == "freeze" else None))
+    if memo is None:
+        g = stage_graph(spec, stage.layers, ctx, **args)  # type: ignore[arg-type]
+        return simulate(g), g.param_grad_bytes
+    if not args["last"]:
+        ctx = replace(ctx, loss="standard")  # read by the last stage's loss only (families.py)
     key = ("stage_points", stage.layers, ctx, *args.values())
-    if memo is not None and key in memo:
-        return memo[key]  # type: ignore[return-value]
-    g = stage_graph(spec, stage.layers, ctx, **args)  # type: ignore[arg-type]
-    out = simulate(g), g.param_grad_bytes
-    if memo is not None:
-        memo[key] = out
-    return out
+    if key not in memo:
+        memo[key] = _composed(spec, stage.layers, ctx, args, memo)
+    return memo[key]  # type: ignore[return-value]
+
+
+def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
+              memo: dict[object, object]) -> tuple[list[Point], int]:
+    """``simulate`` of the stage, from three short simulations (``compose.py``) when its layers
+    are identical, else of the whole stage."""
+    sig = signatures(spec, memo)
+    start = layers.start
+    if args["train_from"] is None and len(layers) and len({sig[i] for i in layers}) == 1:
+
+        def short(n: int) -> tuple[list[Point], int]:
+            k = ("short", sig[start], n, ctx, *args.values())
+            if k not in memo:
+                g = stage_graph(spec, range(start, start + n), ctx, **args)  # type: ignore[arg-type]
+                pts = [Point(p.phase, _relabel(p.region, start), p.saved, p.temp, p.grads)
+                       for p in simulate(g)]
+                memo[k] = pts, g.param_grad_bytes
+            return memo[k]  # type: ignore[return-value]
+
+        out = compose(short, start, len(layers))
+        if out is not None:
+            return out
+    g = stage_graph(spec, layers, ctx, **args)  # type: ignore[arg-type]
+    return simulate(g), g.param_grad_bytes
+
+
+def _relabel(region: str, start: int) -> str:
+    return f"layer {int(region[6:]) - start}" if region.startswith("layer ") else region
