@@ -45,7 +45,14 @@ def test_plan_numbers_equal_estimate_on_random_candidates(model: str, gpus: int,
         want = estimate_from_names(model, r, machine, search_micro_batch=False)
         if got is None:
             continue
-        assert _numbers(got) == _numbers(Evaluated.of(r, want)), r.to_dict()
+        ref = Evaluated.of(r, want)
+        if got.complete:
+            assert _numbers(got) == _numbers(ref), r.to_dict()
+        else:  # GPU overflows: rejected on the GPU numbers alone, which are the same
+            assert not ref.gpu_fits and not got.fits
+            assert _numbers(got)[:3] == _numbers(ref)[:3], r.to_dict()
+            full = ev.evaluate(r, full=True)
+            assert full is not None and _numbers(full) == _numbers(ref), r.to_dict()
         checked += 1
     assert checked >= 8
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import ConfigError
@@ -42,6 +42,8 @@ class PlanResult:
     """Wall time of enumeration and evaluation."""
     global_batch: int | None
     """Sequences per step held across candidates (None: micro-batch and accumulation fixed)."""
+    rejected: tuple[Rejected, ...] = ()
+    """Families with no fitting candidate, least overflowing first (``rank.py``)."""
     notes: tuple[str, ...] = field(default=())
     """Assumptions of the search."""
 
@@ -57,9 +59,6 @@ class PlanResult:
     def pareto(self) -> list[Evaluated]:
         return pareto(list(self.rows))
 
-    def rejected(self, explain: int = 50) -> list[Rejected]:
-        return rejected_families(list(self.rows), explain)
-
     def to_dict(self, top: int = 10) -> dict[str, Any]:
         best = self.ranked
         return {"model": self.model_id, "cluster": {
@@ -72,7 +71,7 @@ class PlanResult:
                 "notes": list(self.notes),
                 "top": [e.to_dict() for e in best[:top]],
                 "pareto": [e.to_dict() for e in self.pareto],
-                "rejected_families": [r.to_dict() for r in self.rejected()]}
+                "rejected_families": [r.to_dict() for r in self.rejected]}
 
 
 def make_space(spec: ModelSpec, base: Recipe, cluster: Cluster, fixed: frozenset[str],
@@ -116,9 +115,11 @@ def plan(spec: ModelSpec, base: Recipe, cluster: Cluster, *, fixed: frozenset[st
         raise ConfigError([f"none of the {len(candidates)} candidate recipes applies to "
                            f"{spec.id} (the estimator refused each); relax the fixed keys "
                            f"({', '.join(sorted(fixed)) or 'none'})."])
+    rejected = [replace(r, closest=ev.evaluate(r.closest.recipe, full=True) or r.closest)
+                if not r.closest.complete else r for r in rejected_families(rows)]
     return PlanResult(model_id=spec.id, cluster=cluster, rows=tuple(rows),
                       seconds=time.perf_counter() - t0, global_batch=space.global_batch,
-                      notes=space.notes)
+                      rejected=tuple(rejected), notes=space.notes)
 
 
 def _empty_reason(spec: ModelSpec, space: Space) -> str:

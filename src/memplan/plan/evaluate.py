@@ -84,6 +84,10 @@ class Evaluated:
     """Model FLOPs utilisation."""
     bottleneck: str | None
     """Resource with the largest exposed time."""
+    complete: bool = True
+    """Host RAM, NVMe and step time were estimated too (False: the GPU already overflows, so
+    the candidate is rejected whatever they are; ``Evaluator.evaluate(full=True)`` fills
+    them)."""
 
     @property
     def headroom_bytes(self) -> int:
@@ -134,7 +138,8 @@ class Evaluated:
                                               else 0),
                    step_seconds=t.step_seconds if t else None,
                    tokens_per_second=t.tokens_per_second if t else None,
-                   mfu=t.mfu if t else None, bottleneck=t.bottleneck if t else None)
+                   mfu=t.mfu if t else None, bottleneck=t.bottleneck if t else None,
+                   complete=b.host is not None or b.time is not None)
 
     def to_dict(self) -> dict[str, Any]:
         return {"recipe": {k: v for k, v in self.recipe.to_dict().items() if k != "notes"},
@@ -165,17 +170,22 @@ class Evaluator:
         self.memo: dict[object, object] = {}
         self.evaluated = 0
 
-    def breakdown(self, recipe: Recipe) -> Breakdown:
-        """The full estimate of one candidate (what ``memplan estimate`` prints, without the
-        largest-micro-batch search)."""
+    def breakdown(self, recipe: Recipe, *, full: bool = True) -> Breakdown:
+        """The estimate of one candidate (what ``memplan estimate`` prints, without the
+        largest-micro-batch search); GPU memory only when ``full`` is false and the GPU
+        overflows."""
         b = estimate(self.spec, recipe, self.device, search_micro_batch=False, memo=self.memo)
+        if not full and not b.fits:
+            return b
         return with_host_and_time(b, self.spec, recipe, self.device, self.hw, self.setup)
 
-    def evaluate(self, recipe: Recipe) -> Evaluated | None:
+    def evaluate(self, recipe: Recipe, *, full: bool = False) -> Evaluated | None:
         """The candidate's numbers; None when the estimator refuses the recipe for this model
-        (a degree that does not divide it)."""
+        (a degree that does not divide it). Unless ``full``, a candidate whose GPU memory
+        overflows is not given host RAM, NVMe and time (``Evaluated.complete`` False): its
+        rejection and its GPU numbers are the same either way."""
         try:
-            b = self.breakdown(recipe)
+            b = self.breakdown(recipe, full=full)
         except MemplanError:
             return None
         self.evaluated += 1

@@ -73,7 +73,7 @@ def render_plan(res: PlanResult, top: int = 10, rejected: int = 8) -> Any:
     parts.append(_rows_table(f"Top {min(top, len(best))} plans by estimated tokens/s",
                              best[:top]))
     parts.append(_rows_table("Pareto front: GPU headroom against speed", res.pareto))
-    rej = res.rejected(explain=rejected)
+    rej = res.rejected
     if rej:
         t = Table(title=f"Rejected families ({len(rej)}; least overflowing first)",
                   title_justify="left")

@@ -6,7 +6,7 @@ saved bytes in the forward, the same gradient bytes in the backward. So each poi
 simulation is affine in the layer counts: the points before and after the layers (embedding,
 head, loss), and the first and last layer's, are ``v(L) = v(m) + (L - m) * d``; a middle layer
 ``j``'s are ``v(j, L) = v(1, m) + (j - 1) * b + (L - m) * c``. ``compose`` simulates the stage
-with ``m``, ``m + 1`` and ``m + 2`` layers (``m = 4``), reads ``d``, ``b`` and ``c`` off them,
+with ``m``, ``m + 1`` and ``m + 2`` layers (``m = 3``), reads ``d``, ``b`` and ``c`` off them,
 *checks* that all three short simulations obey the form, and only then writes the ``L``-layer
 points; a check that fails returns None and the caller simulates the whole stage. The short
 simulations are kept under keys without the stage's position, so every pipeline degree reuses
@@ -25,8 +25,8 @@ from .graph import Point
 
 __all__ = ["compose", "signatures"]
 
-M = 4
-"""Layers of the smallest short simulation (it has two middle layers)."""
+M = 3
+"""Layers of the smallest short simulation (first, one middle, last layer)."""
 
 Vec = tuple[int, int, int]
 Simulate = Callable[[int], tuple[list[Point], int]]
@@ -136,7 +136,8 @@ def compose(simulate: Simulate, start: int, length: int) -> tuple[list[Point], i
     # affine parameters, from M and M + 1; checked on all three
     by = {n: {(ph, role, j): v for ph, role, j, v in t} for n, t in tables.items()}
     slopes = {k: _sub(by[M + 1][k], v) for k, v in by[M].items() if k[1] != "mid"}
-    mids = {ph: (by[M][(ph, "mid", 1)], _sub(by[M][(ph, "mid", 2)], by[M][(ph, "mid", 1)]),
+    mids = {ph: (by[M][(ph, "mid", 1)],
+                 _sub(by[M + 1][(ph, "mid", 2)], by[M + 1][(ph, "mid", 1)]),
                  _sub(by[M + 1][(ph, "mid", 1)], by[M][(ph, "mid", 1)]))
             for ph in ("forward", "backward")}
 
