@@ -92,7 +92,7 @@ def test_cli_plan_json_and_save_best_round_trip(tmp_path) -> None:  # type: igno
 
 
 @pytest.mark.parametrize("args,match", [
-    (["meta-llama/Llama-3.1-70B", "--gpu", "H100-80GB", "--gpus", "1", "--seq-len", "1024"],
+    (["meta-llama/Llama-3.1-70B", "--gpu", "H100-80GB", "--gpus", "1", "--offload", "none"],
      "does not fit"),
     (["meta-llama/Llama-3.2-1B", "--gpus", "2", "--global-batch", "3", "--micro-batch", "2"],
      "global batch"),

@@ -17,7 +17,9 @@ from typing import Any
 from ..errors import ConfigError
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
-from ..recipe.parts import Attention, CheckpointingKind, LossKind, OffloadKind
+from ..recipe.engine import EngineKind
+from ..recipe.parts import (Attention, Checkpointing, CheckpointingKind, Loss, LossKind,
+                            Offload, OffloadKind)
 
 __all__ = ["Space", "SEARCHED", "engines_for", "divisors"]
 
@@ -164,8 +166,8 @@ class Space:
             for zero, hybrid, off, eng in self.sharding(dp, model_parallel):
                 par = replace(par0, zero=zero, hybrid_shard=hybrid)
                 try:
-                    r0 = base.with_keys(offload=off, engine=eng)
-                    r0 = replace(r0, parallelism=par)
+                    r0 = replace(base, parallelism=par, offload=Offload(kind=OffloadKind(off)),
+                                 engine=replace(base.engine, kind=EngineKind(eng)))
                 except ConfigError:
                     continue
                 for mb, ga in batches:
@@ -174,7 +176,10 @@ class Space:
                         for at in attns:
                             for loss in losses:
                                 try:
-                                    yield replace(r0.with_keys(checkpointing=ck, attention=at,
-                                                               loss=loss), batch=batch)
+                                    yield replace(
+                                        r0, batch=batch,
+                                        checkpointing=Checkpointing(kind=CheckpointingKind(ck)),
+                                        platform=replace(base.platform, attention=Attention(at)),
+                                        loss=Loss(kind=LossKind(loss)))
                                 except ConfigError:
                                     continue
