@@ -105,3 +105,32 @@ def test_cli_plan_bad_input_exits_2_without_traceback(args: list[str], match: st
     r = runner.invoke(app, ["plan", *args])
     assert r.exit_code == 2, r.output
     assert match in r.output and "Traceback" not in r.output
+
+
+def test_cli_size_smallest_cluster_and_speed_target() -> None:
+    """Llama-3.2-1B full fine-tuning fits one H100; a target of 4x what one GPU reaches needs
+    more GPUs, and every plan shown at that size reaches it."""
+    r = runner.invoke(app, ["size", "meta-llama/Llama-3.2-1B", "--gpu", "H100-80GB",
+                            "--seq-len", "2048", "--format", "json"])
+    assert r.exit_code == 0, r.output
+    one = json.loads(r.output)
+    assert one["smallest"]["gpus"] == 1 and one["ram_rules"]
+    speed = one["smallest"]["best"]["tokens_per_second"]
+    r = runner.invoke(app, ["size", "meta-llama/Llama-3.2-1B", "--gpu", "H100-80GB",
+                            "--seq-len", "2048", "--tokens-per-second", str(4 * speed),
+                            "--format", "json"])
+    assert r.exit_code == 0, r.output
+    fast = json.loads(r.output)["for_speed"]
+    assert fast["gpus"] > 1 and fast["best"]["tokens_per_second"] >= 4 * speed
+
+
+@pytest.mark.parametrize("args,match", [
+    (["meta-llama/Llama-3.2-1B", "--tokens", "1e9"], "go together"),
+    (["meta-llama/Llama-3.2-1B", "--gpus", "8"], "drop --gpus"),
+    (["meta-llama/Llama-3.1-70B", "--gpu", "H100-80GB", "--offload", "none", "--max-gpus", "4"],
+     "does not fit"),
+])
+def test_cli_size_bad_input_exits_2(args: list[str], match: str) -> None:
+    r = runner.invoke(app, ["size", *args])
+    assert r.exit_code == 2, r.output
+    assert match in r.output and "Traceback" not in r.output

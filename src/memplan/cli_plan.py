@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .cli_options import fail, guard, recipe_options
+from .cli_options import fail, guard, host_option, recipe_options
 
 __all__ = ["register", "plan_command", "size_command"]
 
@@ -88,15 +88,31 @@ def cluster_from_options(*, gpu: str | None, node: str | None, nodes: int | None
                    host_ram=host_ram, nvme=nvme)
 
 
-def _base(flags: dict[str, Any], recipe: Path | None) -> tuple[Any, frozenset[str]]:
+def _base(flags: dict[str, Any], recipe: Path | None,
+          host: dict[str, Any]) -> tuple[Any, frozenset[str]]:
     from .api import load_job
     from .recipe import read_recipe_file
 
     fixed = set(flags)
     if recipe is not None:
         fixed |= {k for k in read_recipe_file(recipe) if k != "host"}
-    job, setup = load_job(recipe, flags)
+    job, setup = load_job(recipe, flags, {k: v for k, v in host.items() if v is not None})
     return (job, setup), frozenset(fixed)
+
+
+def recipe_toml(recipe: Any, setup: Any) -> str:
+    """The recipe TOML ``--save-best`` writes: the recipe, and a ``[host]`` table when the
+    host setup differs from the default (``estimate --recipe`` reads both)."""
+    from .host import HostSetup
+
+    text = recipe.to_toml()
+    default = HostSetup().to_dict()
+    changed = {k: v for k, v in setup.to_dict().items() if default.get(k) != v}
+    if changed:
+        import json as _json
+
+        text += "\n[host]\n" + "".join(f"{k} = {_json.dumps(v)}\n" for k, v in changed.items())
+    return text
 
 
 def plan_command(
@@ -117,6 +133,9 @@ def plan_command(
                                                  "candidates (default: the recipe's "
                                                  "micro-batch x accumulation when both are "
                                                  "given, else one per GPU).")] = None,
+    load: Annotated[str | None, host_option("load")] = None,
+    workers: Annotated[int | None, host_option("workers")] = None,
+    prefetch: Annotated[int | None, host_option("prefetch")] = None,
     top: Annotated[int, Opt(help="Plans in the ranked table.")] = 10,
     save_best: Annotated[Path | None, Opt(help="Write the best plan as a recipe TOML for "
                                                "`memplan estimate --recipe`.")] = None,
@@ -139,7 +158,8 @@ def plan_command(
         cluster = cluster_from_options(gpu=gpu, node=node, nodes=nodes, flags=flags,
                                        host_ram=host_ram, nvme=nvme)
         (job, setup), fixed = _base({**flags, "gpus": cluster.gpus,
-                                     "gpus_per_node": cluster.gpus_per_node}, recipe)
+                                     "gpus_per_node": cluster.gpus_per_node}, recipe,
+                                    dict(load=load, workers=workers, prefetch=prefetch))
         fixed -= {"gpus", "gpus_per_node"}
         spec = load_model(model)
         bar = _Bar(f"planning {spec.id}")
@@ -149,11 +169,11 @@ def plan_command(
         finally:
             bar.close()
         check_fits(res)
-        return res
+        return res, setup
 
-    res = guard(run)
+    res, setup = guard(run)
     if save_best is not None:
-        save_best.write_text(res.ranked[0].recipe.to_toml())
+        save_best.write_text(recipe_toml(res.ranked[0].recipe, setup))
     if format == "json":
         sys.stdout.write(json.dumps(res.to_dict(top), indent=2, default=str) + "\n")
         return
@@ -166,6 +186,89 @@ def plan_command(
         Console().print(f"best plan written to {save_best}")
 
 
+def size_command(
+    model: Annotated[str, typer.Argument(help=_MODEL_HELP)],
+    gpu: Annotated[str | None, Opt(help="GPU type to size in (default: the --node's, else "
+                                        "H100-80GB).")] = None,
+    node: Annotated[str | None, Opt(help="Node preset to size in whole nodes (its host RAM "
+                                         "and NVMe are then limits).")] = None,
+    recipe: Annotated[Path | None, Opt(help="Recipe TOML/JSON: every key in it is held "
+                                            "fixed, as are the flags given.")] = None,
+    host_ram: Annotated[str | None, Opt(help="Host RAM per node, a limit (overrides "
+                                             "--node).")] = None,
+    nvme: Annotated[str | None, Opt(help="Local NVMe per node, a limit (overrides "
+                                         "--node).")] = None,
+    global_batch: Annotated[int | None, Opt(help="Sequences per optimizer step (default: one "
+                                                 "per GPU).")] = None,
+    tokens_per_second: Annotated[float | None, Opt(help="Throughput target, tokens/s: size "
+                                                        "for speed too.")] = None,
+    tokens: Annotated[float | None, Opt(help="Tokens to train, with --hours: the target is "
+                                             "tokens / hours.")] = None,
+    hours: Annotated[float | None, Opt(help="Deadline in hours, with --tokens.")] = None,
+    max_gpus: Annotated[int, Opt(help="Largest cluster tried.")] = 2048,
+    load: Annotated[str | None, host_option("load")] = None,
+    workers: Annotated[int | None, host_option("workers")] = None,
+    prefetch: Annotated[int | None, host_option("prefetch")] = None,
+    format: Annotated[str, Opt("--format", help="table | json.")] = "table",
+    flags: dict[str, Any] | None = None,
+) -> None:
+    """The smallest number of GPUs of a type (or nodes of a preset) that fits MODEL's run, the
+    host RAM and NVMe each node needs with its RAM:GPU-memory ratio beside the rules of thumb,
+    and with --tokens-per-second or --tokens/--hours the cluster a deadline needs."""
+    if format not in ("table", "json"):
+        fail(f"--format {format!r} is not one of table, json.")
+    flags = dict(flags or {})
+
+    def run() -> Any:
+        from .errors import ConfigError
+        from .hardware import get_device
+        from .hardware.nodes import get_node
+        from .model import load_model
+        from .plan.size import size
+
+        problems = []
+        if (tokens is None) != (hours is None):
+            problems.append("--tokens and --hours go together (the target is tokens / hours).")
+        if tokens_per_second is not None and tokens is not None:
+            problems.append("give --tokens-per-second or --tokens/--hours, not both.")
+        if hours is not None and hours <= 0 or tokens is not None and tokens <= 0:
+            problems.append("--tokens and --hours must be positive.")
+        if "gpus" in flags:
+            problems.append("size chooses the number of GPUs: drop --gpus (or use `memplan "
+                            "plan` for a given cluster).")
+        preset = get_node(node) if node else None
+        name = get_device(gpu or (preset.gpu if preset else "H100-80GB")).name
+        if preset is not None and name != preset.gpu:
+            problems.append(f"--gpu {gpu} contradicts --node {preset.name}, whose GPUs are "
+                            f"{preset.gpu}. Drop --gpu.")
+        if problems:
+            raise ConfigError(problems)
+        per_node = flags.pop("gpus_per_node", None) or (preset.gpus if preset else 8)
+        (job, setup), fixed = _base(flags, recipe,
+                                    dict(load=load, workers=workers, prefetch=prefetch))
+        target = tokens_per_second if tokens is None else tokens / (hours * 3600)  # type: ignore[operator]
+        spec = load_model(model)
+        bar = _Bar(f"sizing {spec.id}")
+        try:
+            return size(spec, job, gpu=name, gpus_per_node=per_node, node=node,
+                        host_ram=host_ram, nvme=nvme, fixed=fixed, global_batch=global_batch,
+                        setup=setup, target_tokens_per_second=target, max_gpus=max_gpus,
+                        progress=bar)
+        finally:
+            bar.close()
+
+    res = guard(run)
+    if format == "json":
+        sys.stdout.write(json.dumps(res.to_dict(), indent=2, default=str) + "\n")
+        return
+    from rich.console import Console
+
+    from .report.plan import render_size
+
+    Console(width=None if sys.stdout.isatty() else 180).print(render_size(res))
+
+
 def register(app: typer.Typer) -> None:
     """Add ``plan`` and ``size`` to the ``memplan`` app."""
     app.command("plan")(recipe_options(plan_command))
+    app.command("size")(recipe_options(size_command))

@@ -75,7 +75,8 @@ class PlanResult:
 
 
 def make_space(spec: ModelSpec, base: Recipe, cluster: Cluster, fixed: frozenset[str],
-               global_batch: int | None) -> Space:
+               global_batch: int | None,
+               only: frozenset[tuple[Any, ...]] | None = None) -> Space:
     """The search space, with the global batch resolved: given, or the recipe's own when
     micro-batch and accumulation are both fixed, else one sequence per GPU."""
     notes = []
@@ -87,19 +88,20 @@ def make_space(spec: ModelSpec, base: Recipe, cluster: Cluster, fixed: frozenset
         raise ConfigError([f"--global-batch {global_batch}: must be at least 1 sequence."])
     return Space(base=base, fixed=fixed, gpus=cluster.gpus,
                  gpus_per_node=cluster.gpus_per_node, global_batch=global_batch,
-                 notes=tuple(notes))
+                 only=only, notes=tuple(notes))
 
 
 def plan(spec: ModelSpec, base: Recipe, cluster: Cluster, *, fixed: frozenset[str] = frozenset(),
          global_batch: int | None = None, setup: HostSetup | None = None,
-         progress: Progress | None = None, evaluator: Evaluator | None = None) -> PlanResult:
+         progress: Progress | None = None, evaluator: Evaluator | None = None,
+         only: frozenset[tuple[Any, ...]] | None = None) -> PlanResult:
     """Evaluate every candidate of the search space on ``cluster``.
 
     Raises:
         ConfigError: the search space is empty (the reasons: batch, degrees, fixed keys).
     """
     t0 = time.perf_counter()
-    space = make_space(spec, base, cluster, fixed, global_batch)
+    space = make_space(spec, base, cluster, fixed, global_batch, only)
     ev = evaluator or Evaluator(spec, cluster, setup)
     candidates = list(space.recipes(spec))
     if not candidates:

@@ -29,6 +29,7 @@ from ..model.spec import ModelSpec
 from ..recipe import Recipe
 from . import PlanResult, Progress, plan
 from .evaluate import Cluster, Evaluated
+from .space import layout_of
 
 __all__ = ["SizeResult", "size", "ladder", "ram_rules"]
 
@@ -125,7 +126,9 @@ def size(spec: ModelSpec, base: Recipe, *, gpu: str, gpus_per_node: int, node: s
          setup: HostSetup | None = None, target_tokens_per_second: float | None = None,
          max_gpus: int = 2048, progress: Progress | None = None) -> SizeResult:
     """The smallest cluster that fits ``base`` (the user's keys ``fixed``), searched in full
-    there; with a target, also the smallest whose best plan reaches it.
+    there (over the layouts the probe found fitting: engine, ZeRO, offload, tp, pp, cp, ep;
+micro-batch, checkpointing, kernel, loss and virtual stages vary); with a target, also the
+smallest whose best plan reaches it.
 
     Raises:
         ConfigError: nothing fits up to ``max_gpus`` GPUs, or the target is not reached.
@@ -149,15 +152,18 @@ def size(spec: ModelSpec, base: Recipe, *, gpu: str, gpus_per_node: int, node: s
                            f"fixed keys {', '.join(sorted(fixed)) or '(none)'} (probed "
                            f"{', '.join(str(g) for g, _ in tried)} GPUs). Use a larger GPU, "
                            "allow offload, or relax the fixed keys."])
-    fit = plan(spec, base, fit_at, fixed=fixed, global_batch=global_batch, setup=setup)
+    fit = plan(spec, base, fit_at, fixed=fixed, global_batch=global_batch, setup=setup,
+               only=frozenset(layout_of(e.recipe) for e in ok))
     speed = None
     if target_tokens_per_second is not None:
-        res = fit
+        res: PlanResult | None = fit
         for n in [s for s in sizes if s >= fit_at.gpus]:
             if n > fit_at.gpus:
                 c = replace(fit_at, gpus=n, gpus_per_node=min(n, gpus_per_node))
-                res = plan(spec, base, c, fixed=fixed, global_batch=global_batch, setup=setup)
-            best = res.ranked[0] if res.ranked else None
+                ok = _probe(spec, base, c, fixed, global_batch, setup)
+                res = plan(spec, base, c, fixed=fixed, global_batch=global_batch, setup=setup,
+                           only=frozenset(layout_of(e.recipe) for e in ok)) if ok else None
+            best = res.ranked[0] if res is not None and res.ranked else None
             if best is not None and (best.tokens_per_second or 0) >= target_tokens_per_second:
                 speed = res
                 break

@@ -21,7 +21,16 @@ from ..recipe.engine import EngineKind
 from ..recipe.parts import (Attention, Checkpointing, CheckpointingKind, Loss, LossKind,
                             Offload, OffloadKind)
 
-__all__ = ["Space", "SEARCHED", "engines_for", "divisors"]
+__all__ = ["Space", "SEARCHED", "LAYOUT_KEYS", "layout_of", "engines_for", "divisors"]
+
+LAYOUT_KEYS = ("engine", "zero", "offload", "tp", "pp", "cp", "ep")
+"""How the model is split and where its states live."""
+
+
+def layout_of(recipe: Recipe) -> tuple[Any, ...]:
+    """The recipe's ``LAYOUT_KEYS`` values."""
+    p = recipe.parallelism
+    return (str(recipe.engine.kind), p.zero, str(recipe.offload.kind), p.tp, p.pp, p.cp, p.ep)
 
 SEARCHED = ("zero", "hybrid_shard", "offload", "engine", "tp", "sequence_parallel", "pp",
             "pp_virtual", "cp", "ep", "micro_batch", "grad_accum", "checkpointing",
@@ -82,6 +91,9 @@ class Space:
     """Largest micro-batch tried."""
     attention: tuple[str, ...] = (Attention.SDPA, Attention.FLASH)
     """Kernels tried (eager materialises the scores: never faster, never smaller)."""
+    only: frozenset[tuple[Any, ...]] | None = None
+    """When set, only these layouts (``LAYOUT_KEYS`` values) are searched (``size`` searches
+    the layouts its fit probe found)."""
     notes: tuple[str, ...] = field(default=())
     """Said to the user about the space (e.g. the global batch assumed)."""
 
@@ -165,6 +177,8 @@ class Space:
             batches = self.batches(dp)
             for zero, hybrid, off, eng in self.sharding(dp, model_parallel):
                 par = replace(par0, zero=zero, hybrid_shard=hybrid)
+                if self.only is not None and (eng, zero, off, tp, pp, cp, ep) not in self.only:
+                    continue
                 try:
                     r0 = replace(base, parallelism=par, offload=Offload(kind=OffloadKind(off)),
                                  engine=replace(base.engine, kind=EngineKind(eng)))

@@ -11,7 +11,7 @@ from rich.text import Text
 from ..plan import Evaluated, PlanResult
 from ..units import fmt_bytes
 
-__all__ = ["render_plan", "recipe_summary"]
+__all__ = ["render_plan", "render_size", "recipe_summary"]
 
 _SHORT = {"micro_batch": "mb", "grad_accum": "ga", "checkpointing": "ckpt",
           "attention": "attn", "sequence_parallel": "sp", "pp_virtual": "vpp",
@@ -85,4 +85,46 @@ def render_plan(res: PlanResult, top: int = 10, rejected: int = 8) -> Any:
             change = ", ".join(f"{k} {a}->{b}" for k, (a, b) in r.change().items()) or "-"
             t.add_row(fam, over, change)
         parts.append(t)
+    return Group(*parts)
+
+
+def _needs_table(res: Any, n: dict[str, Any], title: str) -> Table:
+    from ..plan.size import ram_rules
+
+    t = Table(title=title, title_justify="left")
+    t.add_column("per node")
+    t.add_column("bytes", justify="right")
+    t.add_column("RAM : GPU memory", justify="right")
+    t.add_column("what")
+    t.add_row("host RAM, fastest plan", _opt_bytes(n["host_bytes_per_node"]),
+              f"{n['ram_to_gpu_ratio']:.2f}x", recipe_summary(n["best"]))
+    t.add_row("host RAM, least of any fitting plan", _opt_bytes(n["least_host_bytes_per_node"]),
+              f"{n['least_ram_to_gpu_ratio']:.2f}x", recipe_summary(n["least_host"]))
+    t.add_row("NVMe, fastest plan", _opt_bytes(n["nvme_bytes_per_node"]), "", "")
+    t.add_row("GPU memory of the job's GPUs on one node", fmt_bytes(n["gpu_memory_per_node_bytes"]), "1x", "")
+    for rule in ram_rules():
+        t.add_row(rule["name"], "", f"{rule['ratio']:.1f}x", rule["source"])
+    return t
+
+
+def render_size(res: Any) -> Any:
+    """``SizeResult`` -> the smallest cluster, what its nodes need, and the speed target."""
+    fit = res.fit
+    c = fit.cluster
+    probed = ", ".join(f"{g} ({k} fit)" for g, k in res.tried)
+    parts: list[Any] = [Text(
+        f"{res.model_id}: smallest cluster that fits is {c.gpus} x {c.gpu} ({c.nodes} node(s)"
+        f"{' of ' + c.node if c.node else ''}). Probed GPUs: {probed}. "
+        f"{res.seconds:.1f} s.")]
+    n = res.needs(fit)
+    parts.append(_rows_table(f"Fastest plans on {c.gpus} GPUs", fit.ranked[:5]))
+    parts.append(_needs_table(fit, n, f"What each node needs on {c.gpus} GPUs"))
+    if res.speed is not None:
+        s = res.speed
+        best = s.ranked[0]
+        parts.append(Text(
+            f"For {res.target_tokens_per_second:,.0f} tokens/s: {s.cluster.gpus} x {c.gpu} "
+            f"({s.cluster.nodes} node(s)); fastest plan {best.tokens_per_second:,.0f} tokens/s."))
+        parts.append(_rows_table(f"Fastest plans on {s.cluster.gpus} GPUs", s.ranked[:5]))
+        parts.append(_needs_table(s, res.needs(s), f"What each node needs on {s.cluster.gpus} GPUs"))
     return Group(*parts)
