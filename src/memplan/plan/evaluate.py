@@ -125,11 +125,14 @@ class Evaluated:
         return out
 
     @classmethod
-    def of(cls, recipe: Recipe, b: Breakdown) -> Evaluated:
+    def of(cls, recipe: Recipe, b: Breakdown, totals: list[int] | None = None) -> Evaluated:
+        """The numbers of ``b``; ``totals``: each rank's ``device_total_bytes`` when already
+        computed (``Breakdown.worst`` is the first rank with the largest)."""
         t = b.time
-        worst = b.worst
-        return cls(recipe=recipe, peak_bytes=worst.device_total_bytes,
-                   capacity_bytes=b.capacity_bytes, worst_role=worst.role,
+        totals = totals if totals is not None else [r.device_total_bytes for r in b.ranks]
+        i = max(range(len(totals)), key=totals.__getitem__)
+        return cls(recipe=recipe, peak_bytes=totals[i],
+                   capacity_bytes=b.capacity_bytes, worst_role=b.ranks[i].role,
                    host_bytes=b.host.per_node_peak_bytes if b.host else None,
                    host_capacity_bytes=b.host.capacity_bytes if b.host else None,
                    nvme_bytes=b.nvme.bytes if b.nvme else None,
@@ -170,13 +173,10 @@ class Evaluator:
         self.memo: dict[object, object] = {}
         self.evaluated = 0
 
-    def breakdown(self, recipe: Recipe, *, full: bool = True) -> Breakdown:
-        """The estimate of one candidate (what ``memplan estimate`` prints, without the
-        largest-micro-batch search); GPU memory only when ``full`` is false and the GPU
-        overflows."""
+    def breakdown(self, recipe: Recipe) -> Breakdown:
+        """The estimate of one candidate: what ``memplan estimate`` prints, without the
+        largest-micro-batch search."""
         b = estimate(self.spec, recipe, self.device, search_micro_batch=False, memo=self.memo)
-        if not full and not b.fits:
-            return b
         return with_host_and_time(b, self.spec, recipe, self.device, self.hw, self.setup)
 
     def evaluate(self, recipe: Recipe, *, full: bool = False) -> Evaluated | None:
@@ -185,8 +185,12 @@ class Evaluator:
         overflows is not given host RAM, NVMe and time (``Evaluated.complete`` False): its
         rejection and its GPU numbers are the same either way."""
         try:
-            b = self.breakdown(recipe, full=full)
+            b = estimate(self.spec, recipe, self.device, search_micro_batch=False,
+                         memo=self.memo)
+            totals = [r.device_total_bytes for r in b.ranks]
+            if full or max(totals) <= b.capacity_bytes:  # Breakdown.fits
+                b = with_host_and_time(b, self.spec, recipe, self.device, self.hw, self.setup)
         except MemplanError:
             return None
         self.evaluated += 1
-        return Evaluated.of(recipe, b)
+        return Evaluated.of(recipe, b, totals)
