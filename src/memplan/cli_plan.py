@@ -181,7 +181,7 @@ def plan_command(
 
     from .report.plan import render_plan
 
-    Console(width=None if sys.stdout.isatty() else 180).print(render_plan(res, top))
+    Console(width=None if sys.stdout.isatty() else 230).print(render_plan(res, top))
     if save_best is not None:
         Console().print(f"best plan written to {save_best}")
 
@@ -265,7 +265,7 @@ def size_command(
 
     from .report.plan import render_size
 
-    Console(width=None if sys.stdout.isatty() else 180).print(render_size(res))
+    Console(width=None if sys.stdout.isatty() else 230).print(render_size(res))
 
 
 def register(app: typer.Typer) -> None:

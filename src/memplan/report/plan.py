@@ -44,15 +44,36 @@ def _opt_bytes(n: int | None) -> str:
     return "-" if n is None else fmt_bytes(n)
 
 
-def _rows_table(title: str, rows: list[Evaluated]) -> Table:
+def _numbers(e: Evaluated) -> tuple[object, ...]:
+    return (e.tokens_per_second, e.peak_bytes, e.host_bytes, e.nvme_bytes, e.step_seconds)
+
+
+def _merged(rows: list[Evaluated], top: int) -> list[tuple[Evaluated, list[str]]]:
+    """The first ``top`` rows with distinct numbers; a row whose every number equals the one
+    shown before it is folded into it as the keys it changes (``attention=flash``)."""
+    out: list[tuple[Evaluated, list[str]]] = []
+    for e in rows:
+        if out and _numbers(out[-1][0]) == _numbers(e):
+            a, b = out[-1][0].recipe.to_dict(), e.recipe.to_dict()
+            diff = ",".join(f"{k}={b[k]}" for k in a if k not in ("notes",) and a[k] != b[k])
+            out[-1][1].append(diff)
+            continue
+        if len(out) == top:
+            break
+        out.append((e, []))
+    return out
+
+
+def _rows_table(title: str, rows: list[Evaluated], top: int | None = None) -> Table:
     t = Table(title=title, title_justify="left")
     for col, just in (("#", "right"), ("plan", "left"), ("tokens/s", "right"),
                       ("step", "right"), ("MFU", "right"), ("bottleneck", "left"),
                       ("GPU peak", "right"), ("headroom", "right"), ("host RAM/node", "right"),
                       ("NVMe/node", "right")):
         t.add_column(col, justify=just, no_wrap=col == "plan")  # type: ignore[arg-type]
-    for i, e in enumerate(rows, 1):
-        t.add_row(str(i), recipe_summary(e),
+    for i, (e, same) in enumerate(_merged(rows, top or len(rows)), 1):
+        name = recipe_summary(e) + (f" (same numbers: {'; '.join(same)})" if same else "")
+        t.add_row(str(i), name,
                   "-" if e.tokens_per_second is None else f"{e.tokens_per_second:,.0f}",
                   "-" if e.step_seconds is None else f"{e.step_seconds:.2f} s",
                   "-" if e.mfu is None else f"{e.mfu:.1%}", e.bottleneck or "-",
@@ -70,8 +91,8 @@ def render_plan(res: PlanResult, top: int = 10, rejected: int = 8) -> Any:
                 f"{len(best)} fit.")
     parts: list[Any] = [head]
     parts += [Text(f"note: {n}", style="dim") for n in res.notes]
-    parts.append(_rows_table(f"Top {min(top, len(best))} plans by estimated tokens/s",
-                             best[:top]))
+    parts.append(_rows_table(f"Top {min(top, len(best))} plans by estimated tokens/s "
+                             "(plans with equal numbers folded into one row)", best, top))
     parts.append(_rows_table("Pareto front: GPU headroom against speed", res.pareto))
     rej = res.rejected
     if rej:
@@ -117,7 +138,7 @@ def render_size(res: Any) -> Any:
         f"{' of ' + c.node if c.node else ''}). Probed GPUs: {probed}. "
         f"{res.seconds:.1f} s.")]
     n = res.needs(fit)
-    parts.append(_rows_table(f"Fastest plans on {c.gpus} GPUs", fit.ranked[:5]))
+    parts.append(_rows_table(f"Fastest plans on {c.gpus} GPUs", fit.ranked, 5))
     parts.append(_needs_table(fit, n, f"What each node needs on {c.gpus} GPUs"))
     if res.speed is not None:
         s = res.speed
@@ -125,6 +146,6 @@ def render_size(res: Any) -> Any:
         parts.append(Text(
             f"For {res.target_tokens_per_second:,.0f} tokens/s: {s.cluster.gpus} x {c.gpu} "
             f"({s.cluster.nodes} node(s)); fastest plan {best.tokens_per_second:,.0f} tokens/s."))
-        parts.append(_rows_table(f"Fastest plans on {s.cluster.gpus} GPUs", s.ranked[:5]))
+        parts.append(_rows_table(f"Fastest plans on {s.cluster.gpus} GPUs", s.ranked, 5))
         parts.append(_needs_table(s, res.needs(s), f"What each node needs on {s.cluster.gpus} GPUs"))
     return Group(*parts)
