@@ -70,6 +70,8 @@ class Evaluated:
     """Host RAM of the busiest node at its peak."""
     host_capacity_bytes: int | None
     """Host RAM per node (None: not given)."""
+    host_peak_moment: str | None
+    """When host RAM peaks (``load``, ``steady step``, ``checkpoint save``)."""
     nvme_bytes: int | None
     """Local NVMe of the busiest node."""
     nvme_capacity_bytes: int | None
@@ -135,6 +137,7 @@ class Evaluated:
                    capacity_bytes=b.capacity_bytes, worst_role=b.ranks[i].role,
                    host_bytes=b.host.per_node_peak_bytes if b.host else None,
                    host_capacity_bytes=b.host.capacity_bytes if b.host else None,
+                   host_peak_moment=b.host.peak_moment if b.host else None,
                    nvme_bytes=b.nvme.bytes if b.nvme else None,
                    nvme_capacity_bytes=b.nvme.capacity_bytes if b.nvme else None,
                    gpu_memory_per_node_bytes=(b.host.gpu_memory_per_node_bytes if b.host
@@ -149,7 +152,8 @@ class Evaluated:
                 "fits": self.fits, "peak_bytes": self.peak_bytes,
                 "capacity_bytes": self.capacity_bytes, "headroom_bytes": self.headroom_bytes,
                 "worst_rank": self.worst_role, "host_bytes_per_node": self.host_bytes,
-                "host_capacity_bytes": self.host_capacity_bytes, "nvme_bytes": self.nvme_bytes,
+                "host_capacity_bytes": self.host_capacity_bytes,
+                "host_peak_moment": self.host_peak_moment, "nvme_bytes": self.nvme_bytes,
                 "nvme_capacity_bytes": self.nvme_capacity_bytes,
                 "step_seconds": self.step_seconds, "tokens_per_second": self.tokens_per_second,
                 "mfu": self.mfu, "bottleneck": self.bottleneck,

@@ -118,9 +118,12 @@ def _needs_table(res: Any, n: dict[str, Any], title: str) -> Table:
     t.add_column("RAM : GPU memory", justify="right")
     t.add_column("what")
     t.add_row("host RAM, fastest plan", _opt_bytes(n["host_bytes_per_node"]),
-              f"{n['ram_to_gpu_ratio']:.2f}x", recipe_summary(n["best"]))
+              f"{n['ram_to_gpu_ratio']:.2f}x",
+              f"peak during {n['best'].host_peak_moment}: {recipe_summary(n['best'])}")
     t.add_row("host RAM, least of any fitting plan", _opt_bytes(n["least_host_bytes_per_node"]),
-              f"{n['least_ram_to_gpu_ratio']:.2f}x", recipe_summary(n["least_host"]))
+              f"{n['least_ram_to_gpu_ratio']:.2f}x",
+              f"peak during {n['least_host'].host_peak_moment}: "
+              f"{recipe_summary(n['least_host'])}")
     t.add_row("NVMe, fastest plan", _opt_bytes(n["nvme_bytes_per_node"]), "", "")
     t.add_row("GPU memory of the job's GPUs on one node", fmt_bytes(n["gpu_memory_per_node_bytes"]), "1x", "")
     for rule in ram_rules():
