@@ -2,7 +2,7 @@
 benchmark to run on a quiet machine. Each search runs ``--repeat`` times in a fresh process
 state (a new evaluator, so no memo is carried over); the best and the median are printed.
 
-    PYTHONPATH=src python scripts/bench_plan.py [--repeat 3] [--only NAME]
+    PYTHONPATH=src python scripts/bench_plan.py [--repeat 3] [--only NAME] [--jobs 2]
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ SEARCHES = {
 default global batch (one sequence per GPU), sharded checkpoint loading."""
 
 
-def run(name: str) -> tuple[int, float, int]:
+def run(name: str, jobs: int) -> tuple[int, float, int]:
     model, nodes, seq = SEARCHES[name]
     spec = load_model(model)
     cluster = Cluster(gpu="H100-80GB", gpus=8 * nodes, gpus_per_node=8, node="DGX-H100")
     t0 = time.perf_counter()
     res = plan(spec, Recipe.of(seq_len=seq), cluster, fixed=frozenset({"seq_len"}),
-               setup=HostSetup(load="sharded"))
+               setup=HostSetup(load="sharded"), workers=jobs)
     return res.candidates_evaluated, time.perf_counter() - t0, len(res.ranked)
 
 
@@ -40,11 +40,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--only", choices=sorted(SEARCHES), action="append")
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes (plan --jobs)")
     args = ap.parse_args()
     print(f"{'search':24} {'candidates':>10} {'fit':>6} {'best s':>8} {'median s':>8} "
           f"{'best cand/s':>11} {'median cand/s':>13}")
     for name in args.only or SEARCHES:
-        runs = [run(name) for _ in range(args.repeat)]
+        runs = [run(name, args.jobs) for _ in range(args.repeat)]
         n, fit = runs[0][0], runs[0][2]
         secs = [s for _, s, _ in runs]
         best, med = min(secs), statistics.median(secs)

@@ -134,3 +134,15 @@ def test_cli_size_bad_input_exits_2(args: list[str], match: str) -> None:
     r = runner.invoke(app, ["size", *args])
     assert r.exit_code == 2, r.output
     assert match in r.output and "Traceback" not in r.output
+
+
+def test_plan_in_two_processes_gives_the_same_rows() -> None:
+    spec = load_model("meta-llama/Llama-3.2-1B")
+    cluster = Cluster(gpu="H100-80GB", gpus=4, gpus_per_node=4)
+    base = Recipe.of(seq_len=1024, loss="fused", checkpointing="full")
+    kw = dict(fixed=frozenset({"seq_len", "loss", "checkpointing"}), global_batch=8)
+    one = plan(spec, base, cluster, **kw)  # type: ignore[arg-type]
+    two = plan(spec, base, cluster, workers=2, **kw)  # type: ignore[arg-type]
+    assert one.candidates_evaluated == two.candidates_evaluated >= 500
+    key = lambda e: e.recipe.to_toml()  # noqa: E731
+    assert sorted(map(repr, sorted(one.rows, key=key))) == sorted(map(repr, sorted(two.rows, key=key)))

@@ -136,6 +136,8 @@ def plan_command(
     load: Annotated[str | None, host_option("load")] = None,
     workers: Annotated[int | None, host_option("workers")] = None,
     prefetch: Annotated[int | None, host_option("prefetch")] = None,
+    jobs: Annotated[int, Opt(help="Worker processes evaluating candidates (searches over "
+                                  "500 candidates; fork only).")] = 1,
     top: Annotated[int, Opt(help="Plans in the ranked table.")] = 10,
     save_best: Annotated[Path | None, Opt(help="Write the best plan as a recipe TOML for "
                                                "`memplan estimate --recipe`.")] = None,
@@ -165,7 +167,7 @@ def plan_command(
         bar = _Bar(f"planning {spec.id}")
         try:
             res = plan(spec, job, cluster, fixed=fixed, global_batch=global_batch, setup=setup,
-                       progress=bar)
+                       progress=bar, workers=jobs)
         finally:
             bar.close()
         check_fits(res)

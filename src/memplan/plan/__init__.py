@@ -18,6 +18,7 @@ from ..host import HostSetup
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
 from .evaluate import Cluster, Evaluated, Evaluator
+from .parallel import can_fork, evaluate_all
 from .rank import Rejected, pareto, ranked, rejected_families
 from .space import SEARCHED, Space
 
@@ -94,8 +95,10 @@ def make_space(spec: ModelSpec, base: Recipe, cluster: Cluster, fixed: frozenset
 def plan(spec: ModelSpec, base: Recipe, cluster: Cluster, *, fixed: frozenset[str] = frozenset(),
          global_batch: int | None = None, setup: HostSetup | None = None,
          progress: Progress | None = None, evaluator: Evaluator | None = None,
-         only: frozenset[tuple[Any, ...]] | None = None) -> PlanResult:
-    """Evaluate every candidate of the search space on ``cluster``.
+         only: frozenset[tuple[Any, ...]] | None = None,
+         workers: int = 1) -> PlanResult:
+    """Evaluate every candidate of the search space on ``cluster`` (in ``workers`` processes
+    when more than one and the search is over 500 candidates).
 
     Raises:
         ConfigError: the search space is empty (the reasons: batch, degrees, fixed keys).
@@ -107,12 +110,15 @@ def plan(spec: ModelSpec, base: Recipe, cluster: Cluster, *, fixed: frozenset[st
     if not candidates:
         raise ConfigError([_empty_reason(spec, space)])
     rows = []
-    for i, r in enumerate(candidates):
-        e = ev.evaluate(r)
-        if e is not None:
-            rows.append(e)
-        if progress is not None and (i % 64 == 0 or i == len(candidates) - 1):
-            progress(i + 1, len(candidates))
+    if workers > 1 and len(candidates) >= 500 and evaluator is None and can_fork():
+        rows = list(evaluate_all(spec, cluster, setup, candidates, workers, progress))
+    else:
+        for i, r in enumerate(candidates):
+            e = ev.evaluate(r)
+            if e is not None:
+                rows.append(e)
+            if progress is not None and (i % 64 == 0 or i == len(candidates) - 1):
+                progress(i + 1, len(candidates))
     if not rows:
         raise ConfigError([f"none of the {len(candidates)} candidate recipes applies to "
                            f"{spec.id} (the estimator refused each); relax the fixed keys "
