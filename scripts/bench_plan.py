@@ -20,6 +20,7 @@ SEARCHES = {
     "8B-1x8": ("meta-llama/Llama-3.1-8B", 1, 4096),
     "70B-2x8": ("meta-llama/Llama-3.1-70B", 2, 8192),
     "70B-16x8": ("meta-llama/Llama-3.1-70B", 16, 8192),
+    "MoE-Mixtral-8x7B-1x8": ("mistralai/Mixtral-8x7B-v0.1", 1, 4096),
     "MoE-Mixtral-8x7B-2x8": ("mistralai/Mixtral-8x7B-v0.1", 2, 4096),
 }
 """name -> (model, DGX-H100 nodes, sequence length); full fine-tuning, bf16-mixed, the
