@@ -144,7 +144,7 @@ def plan_command(
     format: Annotated[str, Opt("--format", help="table | json.")] = "table",
     flags: dict[str, Any] | None = None,
 ) -> None:
-    """The fastest configurations of MODEL that fit a cluster (--node N --nodes K, or --gpu G
+    """The fastest configurations of MODEL that fit a cluster (--node NAME --nodes N, or --gpu G
     --gpus N): every ZeRO/FSDP sharding, tp/sp/pp/cp/ep degree, micro-batch x accumulation,
     checkpointing, attention kernel, loss and offload is estimated; the flags you give are
     held."""

@@ -84,6 +84,10 @@ class Evaluated:
     """Job tokens per second."""
     mfu: float | None
     """Model FLOPs utilisation."""
+    model_flops_per_token: float | None = None
+    """Model FLOPs per trained token (PaLM convention, ``timing.flops``)."""
+    peak_flops_per_gpu: float | None = None
+    """Dense peak of the compute dtype, FLOP/s."""
     bottleneck: str | None
     """Resource with the largest exposed time."""
     complete: bool = True
@@ -145,6 +149,9 @@ class Evaluated:
                    step_seconds=t.step_seconds if t else None,
                    tokens_per_second=t.tokens_per_second if t else None,
                    mfu=t.mfu if t else None, bottleneck=t.bottleneck if t else None,
+                   model_flops_per_token=(t.model_flops_per_step / t.tokens_per_step
+                                          if t else None),
+                   peak_flops_per_gpu=t.peak_flops_per_gpu if t else None,
                    complete=b.host is not None or b.time is not None)
 
     def to_dict(self) -> dict[str, Any]:

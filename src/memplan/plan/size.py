@@ -120,6 +120,16 @@ def _probe(spec: ModelSpec, base: Recipe, cluster: Cluster, fixed: frozenset[str
     return res.ranked
 
 
+def _speed_floor(fit: PlanResult, target: float) -> int:
+    """Fewest GPUs that could reach ``target`` tokens/s at 100 % MFU: ``target x model FLOPs
+    per token / peak FLOP/s per GPU``. MFU cannot exceed 1, so smaller clusters are skipped
+    without being searched (model FLOPs per token do not depend on the cluster)."""
+    best = fit.ranked[0]
+    if not best.model_flops_per_token or not best.peak_flops_per_gpu:
+        return 1
+    return int(target * best.model_flops_per_token // best.peak_flops_per_gpu)
+
+
 def size(spec: ModelSpec, base: Recipe, *, gpu: str, gpus_per_node: int, node: str | None = None,
          host_ram: str | int | None = None, nvme: str | int | None = None,
          fixed: frozenset[str] = frozenset(), global_batch: int | None = None,
@@ -157,7 +167,8 @@ smallest whose best plan reaches it.
     speed = None
     if target_tokens_per_second is not None:
         res: PlanResult | None = fit
-        for n in [s for s in sizes if s >= fit_at.gpus]:
+        floor = _speed_floor(fit, target_tokens_per_second)
+        for n in [s for s in sizes if s >= fit_at.gpus and (s == fit_at.gpus or s >= floor)]:
             if n > fit_at.gpus:
                 c = replace(fit_at, gpus=n, gpus_per_node=min(n, gpus_per_node))
                 ok = _probe(spec, base, c, fixed, global_batch, setup)
