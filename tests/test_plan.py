@@ -98,6 +98,10 @@ def test_cli_plan_json_and_save_best_round_trip(tmp_path) -> None:  # type: igno
      "global batch"),
     (["meta-llama/Llama-3.2-1B", "--node", "DGX-H100", "--gpu", "A100-80GB"], "contradicts"),
     (["meta-llama/Llama-3.2-1B", "--gpus", "2", "--tp", "3"], "tp*pp*cp=3"),
+    # offload given without zero (free: plan searches it); host RAM overflows while loading
+    (["meta-llama/Llama-3.1-70B", "--node", "DGX-H100", "--nodes", "2", "--seq-len", "8192",
+      "--checkpointing", "full", "--loss", "fused", "--attention", "flash", "--offload",
+      "params+optimizer", "--engine", "torchtitan", "--tp", "8"], "--load sharded"),
     (["meta-llama/Llama-3.2-1B", "--gpus", "2", "--cp", "2", "--seq-len", "2047"],
      "candidate recipes applies"),
 ])

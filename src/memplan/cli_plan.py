@@ -91,13 +91,32 @@ def cluster_from_options(*, gpu: str | None, node: str | None, nodes: int | None
 def _base(flags: dict[str, Any], recipe: Path | None,
           host: dict[str, Any]) -> tuple[Any, frozenset[str]]:
     from .api import load_job
+    from .errors import ConfigError
     from .recipe import read_recipe_file
 
     fixed = set(flags)
     if recipe is not None:
         fixed |= {k for k in read_recipe_file(recipe) if k != "host"}
-    job, setup = load_job(recipe, flags, {k: v for k, v in host.items() if v is not None})
-    return (job, setup), frozenset(fixed)
+    host = {k: v for k, v in host.items() if v is not None}
+    try:
+        return load_job(recipe, flags, host), frozenset(fixed)
+    except ConfigError as error:
+        # the searched keys the user left free only need *some* valid value here (the space
+        # sets each): e.g. --offload params+optimizer alone is refused with the default zero=0
+        for fill in _FILLS:
+            free = {k: v for k, v in fill.items() if k not in fixed}
+            if free:
+                try:
+                    return load_job(recipe, {**flags, **free}, host), frozenset(fixed)
+                except ConfigError:
+                    continue
+        raise error
+
+
+_FILLS = ({"zero": 3}, {"zero": 1}, {"zero": 3, "engine": "auto"}, {"zero": 1, "engine": "auto"},
+          {"zero": 3, "engine": "torchtitan"}, {"zero": 1, "engine": "megatron"})
+"""Values tried for searched keys the user left free when the defaults contradict the keys
+given (the first valid one is only a starting point: plan searches those keys)."""
 
 
 def recipe_toml(recipe: Any, setup: Any) -> str:

@@ -27,7 +27,9 @@ def check_fits(res: PlanResult) -> None:
     much each resource overflows, and what would fit."""
     if res.ranked:
         return
-    closest = min(res.rows, key=lambda e: sum(n for _, n in e.overflows()))
+    # the rejected families' closest candidates are evaluated in full (host RAM, NVMe too)
+    pool = [r.closest for r in res.rejected] or list(res.rows)
+    closest = min(pool, key=lambda e: sum(n for _, n in e.overflows()))
     c = res.cluster
     d = closest.recipe.to_dict()
     what = ", ".join(f"{k}={d[k]}" for k in _SHOWN)
@@ -39,7 +41,9 @@ def check_fits(res: PlanResult) -> None:
         fix.append(f"at least {need} {c.gpu} GPUs by its GPU footprint (`memplan size` finds "
                    "the smallest that fits)")
     if not closest.host_fits and closest.host_bytes is not None:
-        fix.append(f"{fmt_bytes(closest.host_bytes)} of host RAM per node (--host-ram)")
+        fix.append(f"{fmt_bytes(closest.host_bytes)} of host RAM per node (--host-ram)"
+                   + (" or a lighter checkpoint load (its peak is while loading: --load "
+                      "sharded or meta)" if closest.host_peak_moment == "load" else ""))
     if not closest.nvme_fits and closest.nvme_bytes is not None:
         fix.append(f"{fmt_bytes(closest.nvme_bytes)} of NVMe per node (--nvme)")
     raise ConfigError([
