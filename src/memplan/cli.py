@@ -414,6 +414,7 @@ app.command("calibrate")(calibrate_command)
 from .cli_export import export_command  # noqa: E402  (its own module: issue #14)
 
 app.command("export")(export_command)
+from .cli_plan import register as _register_plan; _register_plan(app)  # noqa: E402,E702  (issue #13)
 
 
 def main() -> None:

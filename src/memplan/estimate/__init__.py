@@ -11,7 +11,8 @@ from dataclasses import replace
 from ..breakdown import Breakdown, Category, Item, Phase, Pool, RankBreakdown
 from ..hardware import Device
 from ..model.spec import ModelSpec
-from ..recipe import Engine, Offload, Parallelism, Recipe
+from ..recipe import Offload, Parallelism, Recipe
+from ..recipe.engine import Engine
 from ..results import ModelInfo
 from .checks import check_compatible
 from .layout import Stage, layout
@@ -40,10 +41,19 @@ def _role(stage: Stage, recipe: Recipe) -> str:
     return f"pp stage {stage.index} ({layers}{extra})"
 
 
-def _trainable(model: ModelSpec, recipe: Recipe) -> int:
+def _trainable(model: ModelSpec, recipe: Recipe, memo: dict[object, object] | None = None) -> int:
     """Trainable parameters of the whole model (adapters for LoRA), counted once."""
+    # engine reset too: a named engine may refuse zero=0 (fsdp2 only runs zero=3)
     whole = replace(recipe, parallelism=Parallelism(), offload=Offload(), engine=Engine())
-    return sum(h.numel for h in layout(model, whole)[0].held if h.trainable)
+    return sum(h.numel for h in layout(model, whole, memo)[0].held if h.trainable)
+
+
+def _by_component(model: ModelSpec, memo: dict[object, object] | None) -> dict[str, int]:
+    if memo is None:
+        return model.params_by_component()
+    if "params_by_component" not in memo:
+        memo["params_by_component"] = model.params_by_component()
+    return dict(memo["params_by_component"])  # type: ignore[call-overload]
 
 
 def _step_lines(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
@@ -55,10 +65,11 @@ def _step_lines(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
     return out
 
 
-def _instants(model: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Instant]:
+def _instants(model: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
+              memo: dict[object, object] | None = None) -> list[Instant]:
     """The activation timeline of one micro-batch, plus the saved activations of the other
     micro-batches a pipeline stage holds in flight (1F1B: stage i holds pp - i)."""
-    points, grad_total = stage_points(model, stage, recipe, dt)
+    points, grad_total = stage_points(model, stage, recipe, dt, memo)
     par = recipe.parallelism
     inflight = inflight_microbatches(par.pp, stage.index, par.pp_virtual,
                                      recipe.batch.grad_accum)
@@ -105,16 +116,17 @@ def inflight_microbatches(pp: int, stage: int, virtual: int, microbatches: int) 
     return chunks / virtual
 
 
-def _ranks(model: ModelSpec, recipe: Recipe, device: Device) -> tuple[RankBreakdown, ...]:
+def _ranks(model: ModelSpec, recipe: Recipe, device: Device,
+           memo: dict[object, object] | None = None) -> tuple[RankBreakdown, ...]:
     """One ``RankBreakdown`` per pipeline stage (the recipe is already checked)."""
     dt = dtypes(recipe)
     on_cpu = recipe.platform.device == "cpu"
     ranks = []
     per_stage = recipe.parallelism.gpus // recipe.parallelism.pp
-    for stage in layout(model, recipe):
+    for stage in layout(model, recipe, memo):
         lines = model_state_items(stage, recipe, dt) + overhead_items(device, on_cpu)
         lines += nccl_items(recipe, stage.index) + _step_lines(stage, recipe, dt)
-        instants = _instants(model, stage, recipe, dt)
+        instants = _instants(model, stage, recipe, dt, memo)
         timeline = moments(lines, instants)
         outside = [ln.item for ln in lines if ln.item.pool != Pool.ALLOCATED]
         slack = fragmentation_item(max(m.allocated_bytes for m in timeline), recipe)
@@ -126,21 +138,24 @@ def _ranks(model: ModelSpec, recipe: Recipe, device: Device) -> tuple[RankBreakd
 
 
 def estimate(model: ModelSpec, recipe: Recipe, device: Device, *,
-             search_micro_batch: bool = True) -> Breakdown:
+             search_micro_batch: bool = True,
+             memo: dict[object, object] | None = None) -> Breakdown:
     """Estimate per-rank GPU memory of training ``model`` with ``recipe`` on ``device``: the
     step's timeline per rank role, its peak, and the largest micro-batch that fits.
+    ``memo``: a dict kept by a caller estimating many recipes of this one ``model``
+    (``memplan.plan``): the activation simulation is reused where its inputs repeat.
 
     Raises:
         ConfigError: the recipe cannot apply to this model (all problems listed).
     """
     check_compatible(model, recipe)
-    ranks = _ranks(model, recipe, device)
+    ranks = _ranks(model, recipe, device, memo)
     mmb = max_micro_batch(model, recipe, device) if search_micro_batch else None
     return Breakdown(
         source="estimate",
         model=ModelInfo(id=model.id, model_type=model.model_type, params=model.num_params,
-                        trainable_params=_trainable(model, recipe),
-                        params_by_component=model.params_by_component(),
+                        trainable_params=_trainable(model, recipe, memo),
+                        params_by_component=_by_component(model, memo),
                         layers=model.num_layers, source=model.source, notes=model.notes),
         recipe=recipe.to_dict(),
         device=device.info(),

@@ -77,8 +77,17 @@ def _hold(model: ModelSpec, t: Tensor, recipe: Recipe, trainable: bool,
     return [Held(tensor=t, numel=numel, trainable=trainable)]
 
 
-def layout(model: ModelSpec, recipe: Recipe) -> list[Stage]:
-    """Per pipeline stage, the tensors one rank of that stage holds."""
+def layout(model: ModelSpec, recipe: Recipe,
+           memo: dict[object, object] | None = None) -> list[Stage]:
+    """Per pipeline stage, the tensors one rank of that stage holds. ``memo`` (one per
+    ``model``, see ``estimate``) keeps the answer under what it reads: the method part and
+    tp, ep and pp."""
+    if memo is not None:
+        par = recipe.parallelism
+        key = ("layout", recipe.method, par.tp, par.ep, par.pp)
+        if key not in memo:
+            memo[key] = layout(model, recipe)
+        return memo[key]  # type: ignore[return-value]
     n = model.num_layers
     train_from = n - recipe.method.freeze_trainable_layers if recipe.method.kind == "freeze" else 0
     full = recipe.method.kind == "full"

@@ -30,11 +30,13 @@ def _sum(pairs: list[tuple[Held, float]], recipe: Recipe, shard: bool) -> int:
     """Add per-tensor bytes; when ``shard``, divide each by its ZeRO shard degree (expert
     tensors by the expert-data-parallel degree)."""
     out = 0.0
-    for h, b in pairs:
-        if shard:
-            par = recipe.parallelism
-            b /= par.expert_shard_degree if h.expert else par.shard_degree
-        out += b
+    if shard:
+        dense, expert = recipe.parallelism.shard_degree, recipe.parallelism.expert_shard_degree
+        for h, b in pairs:
+            out += b / (expert if h.expert else dense)
+    else:
+        for _, b in pairs:
+            out += b
     return math.ceil(out)
 
 

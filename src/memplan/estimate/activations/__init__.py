@@ -8,6 +8,8 @@ instant: saved activations, temporaries, and the parameter gradients produced so
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ...model.spec import ModelSpec
 from ...recipe import Recipe
 from ...units import dtype_bytes
@@ -16,6 +18,7 @@ from ...facts import Dtypes
 from ..peft import LORA_LIKE, adapted_roles
 from ...model.peft_targets import ia3_roles
 from .blocks import Ctx
+from .compose import compose, signatures
 from .families import stage_graph
 from .graph import Point, simulate
 
@@ -52,14 +55,54 @@ def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
                capacity=float(par.moe_capacity_factor))
 
 
-def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> tuple[list[Point], int]:
+def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
+                 memo: dict[object, object] | None = None) -> tuple[list[Point], int]:
     """Points of one micro-batch through ``stage``; and the parameter-gradient bytes the
-    simulated graph produces in total (to scale the gradient lines by progress)."""
+    simulated graph produces in total (to scale the gradient lines by progress).
+
+    ``memo``: a dict the caller keeps for one ``spec`` (``memplan.plan`` evaluating many
+    recipes of one model); results are stored under exactly the arguments the graph is built
+    from, so a hit returns what the simulation would (the points are shared: read only)."""
     ctx = _context(spec, recipe, dt)
-    g = stage_graph(spec, stage.layers, ctx, first=stage.index == 0,
-                    last=stage.index == recipe.parallelism.pp - 1, tp=recipe.parallelism.tp,
-                    attention=recipe.platform.attention,
-                    checkpointing=recipe.checkpointing.kind,
-                    train_from=(spec.num_layers - recipe.method.freeze_trainable_layers
-                                if recipe.method.kind == "freeze" else None))
+    args = dict(first=stage.index == 0, last=stage.index == recipe.parallelism.pp - 1,
+                tp=recipe.parallelism.tp, attention=str(recipe.platform.attention),
+                checkpointing=str(recipe.checkpointing.kind),
+                train_from=(spec.num_layers - recipe.method.freeze_trainable_layers
+                            if recipe.method.kind == "freeze" else None))
+    if memo is None:
+        g = stage_graph(spec, stage.layers, ctx, **args)  # type: ignore[arg-type]
+        return simulate(g), g.param_grad_bytes
+    if not args["last"]:
+        ctx = replace(ctx, loss="standard")  # read by the last stage's loss only (families.py)
+    key = ("stage_points", stage.layers, ctx, *args.values())
+    if key not in memo:
+        memo[key] = _composed(spec, stage.layers, ctx, args, memo)
+    return memo[key]  # type: ignore[return-value]
+
+
+def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
+              memo: dict[object, object]) -> tuple[list[Point], int]:
+    """``simulate`` of the stage, from three short simulations (``compose.py``) when its layers
+    are identical, else of the whole stage."""
+    sig = signatures(spec, memo)
+    start = layers.start
+    if args["train_from"] is None and len(layers) and len({sig[i] for i in layers}) == 1:
+
+        def short(n: int) -> tuple[list[Point], int]:
+            k = ("short", sig[start], n, ctx, *args.values())
+            if k not in memo:
+                g = stage_graph(spec, range(start, start + n), ctx, **args)  # type: ignore[arg-type]
+                pts = [Point(p.phase, _relabel(p.region, start), p.saved, p.temp, p.grads)
+                       for p in simulate(g)]
+                memo[k] = pts, g.param_grad_bytes
+            return memo[k]  # type: ignore[return-value]
+
+        out = compose(short, start, len(layers))
+        if out is not None:
+            return out
+    g = stage_graph(spec, layers, ctx, **args)  # type: ignore[arg-type]
     return simulate(g), g.param_grad_bytes
+
+
+def _relabel(region: str, start: int) -> str:
+    return f"layer {int(region[6:]) - start}" if region.startswith("layer ") else region

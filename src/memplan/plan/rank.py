@@ -1,0 +1,108 @@
+"""Order evaluated candidates: the fastest that fit, the Pareto front of headroom against
+speed, and for each rejected family why it was rejected and the nearest change that fits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .evaluate import Evaluated
+from .space import SEARCHED
+
+__all__ = ["FAMILY_KEYS", "Rejected", "ranked", "pareto", "rejected_families", "family_of"]
+
+FAMILY_KEYS = ("engine", "zero", "hybrid_shard", "offload", "tp", "sequence_parallel", "pp",
+               "pp_virtual", "cp", "ep")
+"""A family: how the model and its states are split and where they live. Within a family
+plan varies micro-batch, checkpointing, kernel and loss."""
+
+
+def family_of(e: Evaluated) -> tuple[Any, ...]:
+    d = e.recipe.to_dict()
+    return tuple(d[k] for k in FAMILY_KEYS)
+
+
+def _speed(e: Evaluated) -> float:
+    return e.tokens_per_second if e.tokens_per_second is not None else 0.0
+
+
+def ranked(rows: list[Evaluated]) -> list[Evaluated]:
+    """Candidates that fit (GPU, host RAM, NVMe), fastest first; ties: more headroom first."""
+    return sorted((e for e in rows if e.fits), key=lambda e: (-_speed(e), -e.headroom_bytes))
+
+
+def pareto(rows: list[Evaluated]) -> list[Evaluated]:
+    """Fitting candidates no other fitting candidate beats on both headroom and speed, fastest
+    first."""
+    front: list[Evaluated] = []
+    best_headroom = None
+    for e in ranked(rows):  # speed descending: keep those with more headroom than all faster
+        if best_headroom is None or e.headroom_bytes > best_headroom:
+            front.append(e)
+            best_headroom = e.headroom_bytes
+    return front
+
+
+def _searched(e: Evaluated) -> tuple[Any, ...]:
+    d = e.recipe.to_dict()
+    return tuple(d[k] for k in SEARCHED)
+
+
+def _distance(a: tuple[Any, ...], b: tuple[Any, ...]) -> int:
+    return sum(1 for x, y in zip(a, b) if x != y)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rejected:
+    """A family none of whose candidates fit."""
+
+    family: dict[str, Any]
+    """The family's keys (``FAMILY_KEYS``)."""
+    closest: Evaluated
+    """Its candidate that overflows least (summed over GPU, host RAM, NVMe)."""
+    nearest_fit: Evaluated | None
+    """The fitting candidate that differs from ``closest`` in the fewest recipe keys (the
+    fastest of those); None when nothing fits."""
+    candidates: int
+    """How many of the family's candidates were evaluated."""
+
+    def change(self) -> dict[str, tuple[Any, Any]]:
+        """key -> (closest's value, nearest fit's value)."""
+        if self.nearest_fit is None:
+            return {}
+        a, b = self.closest.recipe.to_dict(), self.nearest_fit.recipe.to_dict()
+        return {k: (a[k], b[k]) for k in a if k not in ("notes", "dp") and a[k] != b[k]}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"family": self.family, "candidates": self.candidates,
+                "overflows": [{"what": w, "bytes": n} for w, n in self.closest.overflows()],
+                "closest": self.closest.to_dict(),
+                "nearest_change": {k: {"from": v[0], "to": v[1]}
+                                   for k, v in self.change().items()},
+                "nearest_fit_tokens_per_second": (self.nearest_fit.tokens_per_second
+                                                  if self.nearest_fit else None)}
+
+
+def rejected_families(rows: list[Evaluated], explain: int = 50) -> list[Rejected]:
+    """One entry per family with no fitting candidate, least overflowing first; the nearest
+    fitting change is searched for the first ``explain`` of them (it compares with every
+    fitting candidate)."""
+    fams: dict[tuple[Any, ...], list[Evaluated]] = {}
+    for e in rows:
+        fams.setdefault(family_of(e), []).append(e)
+    out = []
+    for key, members in fams.items():
+        if any(e.fits for e in members):
+            continue
+        closest = min(members, key=lambda e: sum(n for _, n in e.overflows()))
+        out.append(Rejected(family=dict(zip(FAMILY_KEYS, key)), closest=closest,
+                            nearest_fit=None, candidates=len(members)))
+    out.sort(key=lambda r: sum(n for _, n in r.closest.overflows()))
+    fitting = [(f, _searched(f)) for f in ranked(rows)]
+    if not fitting:
+        return out
+    for i, r in enumerate(out[:explain]):
+        d = _searched(r.closest)
+        near = min(fitting, key=lambda fd: (_distance(d, fd[1]), -_speed(fd[0])))[0]
+        out[i] = replace(r, nearest_fit=near)
+    return out

@@ -1,0 +1,45 @@
+"""The estimator's memo (``estimate(memo=...)``, used by ``memplan plan``) changes no number:
+stage points composed from short simulations (``estimate/activations/compose.py``) equal the
+whole stage's simulation, point for point, across families, checkpointing, losses, kernels,
+methods, tp and pipeline stages."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from memplan.errors import ConfigError
+from memplan.estimate.activations import stage_points
+from memplan.estimate.layout import layout
+from memplan.facts import dtypes
+from memplan.model import load_model
+from memplan.recipe import Recipe
+
+
+def _rows(points: list) -> list[tuple]:  # type: ignore[type-arg]
+    return [(p.phase, p.region, p.saved, p.temp, p.grads) for p in points]
+
+
+@pytest.mark.parametrize("model", ["meta-llama/Llama-3.2-1B", "deepseek-ai/DeepSeek-V2-Lite",
+                                   "openai-community/gpt2", "google/gemma-2-2b"])
+def test_composed_stage_points_equal_the_whole_simulation(model: str) -> None:
+    spec = load_model(model)
+    composed = 0
+    grid = itertools.product([1, 3], ["none", "selective", "full"], ["standard", "fused"],
+                             ["sdpa", "eager"], ["full", "lora"], [1, 2])
+    for pp, ck, loss, attn, method, tp in grid:
+        try:
+            r = Recipe.of(gpus=pp * tp, pp=pp, tp=tp, checkpointing=ck, loss=loss,
+                          attention=attn, method=method, seq_len=256, micro_batch=2,
+                          sequence_parallel=tp > 1 and ck == "none")
+        except ConfigError:
+            continue
+        memo: dict[object, object] = {}
+        for st in layout(spec, r):
+            whole = stage_points(spec, st, r, dtypes(r))
+            fast = stage_points(spec, st, r, dtypes(r), memo)
+            assert _rows(fast[0]) == _rows(whole[0]) and fast[1] == whole[1], (pp, ck, loss)
+        composed += sum(1 for k in memo if isinstance(k, tuple) and k[0] == "short")
+    if model != "google/gemma-2-2b":  # alternating layer kinds: always the whole simulation
+        assert composed > 0
