@@ -412,7 +412,6 @@ from .cli_calibrate import calibrate_command  # noqa: E402  (its own module: iss
 
 app.command("calibrate")(calibrate_command)
 from .cli_export import export_command  # noqa: E402  (its own module: issue #14)
-
 app.command("export")(export_command)
 from .cli_plan import register as _register_plan; _register_plan(app)  # noqa: E402,E702  (issue #13)
 
