@@ -27,7 +27,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("estimate", "host", "timing", "trace", "measure"),
     ("system", "custom_hardware"),
     ("calibrate",),  # memplan calibrate's micro-benchmarks (torch), over timing's Calibration
-    ("report", "validate", "export"),  # export: recipe -> engine configs and back
+    ("report", "export"),  # export: recipe -> engine configs and back
+    ("validate",),  # validate --nproc configures its runs from export's files (issue #14 item 4)
     ("api", "cli_options"),
     ("web", "cli_calibrate", "cli_export"),  # memplan serve: the page over api and report (issue #16)
     ("cli", "__init__"),

@@ -11,7 +11,7 @@ from dataclasses import replace
 from ..breakdown import Breakdown, Category, Item, Phase, Pool, RankBreakdown
 from ..hardware import Device
 from ..model.spec import ModelSpec
-from ..recipe import Offload, Parallelism, Recipe
+from ..recipe import Engine, Offload, Parallelism, Recipe
 from ..results import ModelInfo
 from .checks import check_compatible
 from .layout import Stage, layout
@@ -42,7 +42,7 @@ def _role(stage: Stage, recipe: Recipe) -> str:
 
 def _trainable(model: ModelSpec, recipe: Recipe) -> int:
     """Trainable parameters of the whole model (adapters for LoRA), counted once."""
-    whole = replace(recipe, parallelism=Parallelism(), offload=Offload())
+    whole = replace(recipe, parallelism=Parallelism(), offload=Offload(), engine=Engine())
     return sum(h.numel for h in layout(model, whole)[0].held if h.trainable)
 
 
