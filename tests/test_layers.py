@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("report", "export"),  # export: recipe -> engine configs and back
     ("validate",),  # validate --nproc configures its runs from export's files (issue #14 item 4)
     ("api", "cli_options"),
-    ("web", "cli_calibrate", "cli_export"),  # memplan serve: the page over api and report (issue #16)
+    ("web", "cli_calibrate", "cli_export", "cli_validate_dist"),  # memplan serve: the page over api and report (issue #16)
     ("cli", "__init__"),
     ("__main__",),
 )
@@ -47,7 +47,7 @@ ALLOWED: dict[tuple[str, str], str] = {
 NO_TORCH_AT_IMPORT = ("errors", "units", "results", "facts", "model", "hardware", "recipe",
                       "breakdown", "estimate", "host", "timing", "system", "report", "api",
                       "cli_options", "cli", "web", "custom_hardware", "cli_calibrate",
-                      "export", "cli_export")
+                      "export", "cli_export", "cli_validate_dist")
 """Packages that must not import torch at module level (``memplan estimate`` starts fast)."""
 
 MAX_LINES = 420

@@ -335,10 +335,17 @@ def validate(
     quick: Annotated[bool, Opt("--quick", help="The quick subset (CI).")] = False,
     cases: Annotated[Path | None, Opt(help="A cases TOML instead of the built-in matrix.")] = None,
     format: Annotated[str, Opt("--format", help="table | json.")] = "table",
+    nproc: Annotated[int, Opt("--nproc", help="Ranks: >= 2 runs the distributed cases (FSDP2, "
+                                              "DeepSpeed) with torchrun on gloo/CPU.")] = 1,
 ) -> None:
     """Run the accuracy matrix for real, trace and estimate each case, and compare. Exits 1
     when a case exceeds its bound (trace 1%, estimate 5% of the measured peak)."""
     _check_format(format)
+    if nproc != 1:
+        from .cli_validate_dist import validate_dist
+
+        validate_dist(nproc=nproc, quick=quick, cases=cases, format=format)
+        return
     from rich.console import Console
     from rich.progress import Progress
 
