@@ -71,26 +71,34 @@ class RankResult:
     """Its measured steps (first and steady)."""
     estimated: Breakdown
     """memplan's estimate for the recipe (the worst rank role)."""
+    adjust: int = 0
+    """Bytes added to every estimated peak to compare like with like (offload cases: see
+    ``_offload_adjust``)."""
 
     @staticmethod
-    def _phases(b: Breakdown) -> dict[str, int]:
+    def _phases(b: Breakdown, adjust: int = 0) -> dict[str, int]:
         w, out = b.worst, {}
         for step in (Step.FIRST, Step.STEADY):
             for p, v in w.phase_peaks(step).items():
-                out[str(p)] = max(out.get(str(p), 0), v)
+                out[str(p)] = max(out.get(str(p), 0), v + adjust)
         return out
+
+    @property
+    def estimated_peak(self) -> int:
+        return self.estimated.worst.peak_allocated_bytes + self.adjust
 
     @property
     def error_pct(self) -> float:
         m = self.measured.worst.peak_allocated_bytes
-        return (self.estimated.worst.peak_allocated_bytes - m) / m * 100
+        return (self.estimated_peak - m) / m * 100
 
     def to_dict(self) -> dict[str, Any]:
-        mp, ep = self._phases(self.measured), self._phases(self.estimated)
+        mp, ep = self._phases(self.measured), self._phases(self.estimated, self.adjust)
         return {
             "rank": self.rank,
             "measured_peak_allocated_bytes": self.measured.worst.peak_allocated_bytes,
-            "estimated_peak_allocated_bytes": self.estimated.worst.peak_allocated_bytes,
+            "estimated_peak_allocated_bytes": self.estimated_peak,
+            "estimate_adjusted_by_bytes": self.adjust,
             "estimate_error_pct": round(self.error_pct, 3),
             "measured_peak_moment": self.measured.worst.peak_moment.label,
             "measured_phase_peaks": mp,
@@ -196,7 +204,10 @@ def dist_cases(*, nproc: int, quick: bool = False,
         if quick and not is_quick:
             continue
         try:
-            recipe = Recipe.from_dict({**row, "gpus": nproc, "device": "cpu"},
+            # offload needs a GPU to offload from: such a recipe is estimated for cuda and
+            # compared on what the CPU run holds (``_estimate``)
+            device = "cpu" if row.get("offload", "none") == "none" else "cuda"
+            recipe = Recipe.from_dict({**row, "gpus": nproc, "device": device},
                                       where=f"case {name!r}")
         except ConfigError as e:
             raise ConfigError([f"{where}: {p}" for p in e.problems]) from None
@@ -240,9 +251,7 @@ def _launch(cases: list[DistCase], nproc: int, work: Path) -> str:
 
 
 def _collect(case: DistCase, i: int, nproc: int, work: Path, failure: str) -> DistCaseResult:
-    from ..estimate import estimate
     from ..hardware import cpu_device
-    from ..model import load_model
     from ..results import ModelInfo
     from ..runtime.steps import step_from_record, to_breakdown
     from ..units import GIB
@@ -260,7 +269,7 @@ def _collect(case: DistCase, i: int, nproc: int, work: Path, failure: str) -> Di
     if errors:
         return DistCaseResult(case=case, config_text=config, error="; ".join(errors))
     device = cpu_device(_host_bytes() or 16 * GIB)
-    est = estimate(load_model(case.model), case.recipe, device)
+    est, adjust = _estimate(case, device)
     info = ModelInfo(id=Path(case.model).stem, params=0, trainable_params=0, layers=0,
                      source=case.model)
     ranks = []
@@ -269,10 +278,33 @@ def _collect(case: DistCase, i: int, nproc: int, work: Path, failure: str) -> Di
         measured = to_breakdown(steps, source="measure", how=f"{d['engine']} rank {d['rank']}",
                                 model=info, recipe=case.recipe.to_dict(),
                                 device=device.info(), role=f"rank {d['rank']}")
-        ranks.append(RankResult(rank=int(d["rank"]), measured=measured, estimated=est))
+        ranks.append(RankResult(rank=int(d["rank"]), measured=measured, estimated=est,
+                                adjust=adjust))
     return DistCaseResult(case=case, ranks=tuple(ranks), config_text=config,
                           overrides=tuple(records[0]["overrides"]),
                           seconds=float(records[0]["seconds"]))
+
+
+def _estimate(case: DistCase, device: Any) -> tuple[Breakdown, int]:
+    """memplan's per-rank estimate, and the bytes to add to it so that it counts what the CPU
+    run counts.
+
+    Offload cases: a recipe with ``device=cpu`` has no offload (nothing to offload to), so the
+    estimate is made for ``device=cuda``, where the offloaded states are outside the GPU
+    (``Pool.HOST``) and the GPU peak carries CUDA-only allocations (cuBLAS workspaces,
+    category ``overhead`` at the peak). On the CPU run both sides of the offload are tensors of
+    the same process, so the comparison adds the host bytes and removes the CUDA-only ones.
+    """
+    from ..breakdown import Category, Pool
+    from ..estimate import estimate
+    from ..model import load_model
+
+    model = load_model(case.model)
+    if str(case.recipe.offload.kind) == "none":
+        return estimate(model, case.recipe, device), 0
+    est = estimate(model, case.recipe.with_keys(device="cuda"), device)
+    w = est.worst
+    return est, w.outside_bytes(Pool.HOST) - w.peak_moment.categories().get(Category.OVERHEAD, 0)
 
 
 def _versions() -> dict[str, str]:
