@@ -49,10 +49,11 @@ KNOWN = {
         "has 4,946,948 B of activations and 2,689,685 B of temporaries against 3,836,928 B + "
         "2,097,152 B + 886,272 B of gathered parameters estimated; the gathered ZeRO-3 "
         "parameters saved by autograd are not yet attributed.",
-    "deepspeed zero2 bf16 offload optimizer auto buckets": "-7.9% (2 ranks): at the backward "
-        "peak the measurement holds 5,411,984 B of temporaries against 2,097,152 B estimated "
-        "(the offloaded fp32 states, 3,346,180 B, match the estimate's host line); the extra "
-        "~3.3 MB are buffers of DeepSpeed's CPU-offload gradient path, not yet attributed.",
+    "deepspeed zero2 bf16 offload optimizer auto buckets": "-7.9% (2 ranks): the offloaded "
+        "fp32 master and AdamW states (3,346,180 B measured) match the estimate; at the backward "
+        "peak the measurement holds 5,411,984 B of temporaries against 2,097,152 B estimated; "
+        "the estimate's offloaded fp32 gradient partition (1,115,392 B, host) may be part of "
+        "them, the other ~2.2 MB of DeepSpeed's CPU-offload gradient path are not attributed.",
     "deepspeed zero3 bf16 offload optimizer auto buckets": "-6.5% (2 ranks): the gathered "
         "ZeRO-3 parameters of 'deepspeed zero3 bf16 auto buckets' plus temporaries of the "
         "offload gradient path (3,805,073 B measured against 2,097,152 B), not yet attributed.",

@@ -20,7 +20,9 @@ Counting: every distinct storage once (``DTensor.to_local()`` views and FSDP's p
 storages; the tracker keys storages, not tensors). Storages FSDP2 frees and re-allocates with
 ``UntypedStorage.resize_`` are re-counted at each resize (``resize_counted``). Tensors alive
 before a step that no op has touched yet (flat buffers, master copies) are found by a sweep of
-the garbage collector's objects at the step's start, so step 0 sees them from its first instant.
+the garbage collector's objects at the step's start, so step 0 sees them from its first instant;
+``gc.collect()`` runs first, so that garbage held by reference cycles (freed whenever Python's
+collector happens to run, at a different moment on each rank) is not counted.
 """
 
 from __future__ import annotations
@@ -157,6 +159,7 @@ def measure(eng: _Engine, batch: dict, steps: int, before: set[int]) -> list[dic
                 tracker.pack_hook, tracker.unpack_hook):
             for step in range(steps):
                 tracker.set_phase(None)
+                gc.collect()  # cycle garbage from the last step: freed now, on every rank alike
                 eng.zero_grad()
                 params = list(eng.module.parameters()) + list(eng.module.buffers())
                 mark_params(tracker, params + eng.extra_params(), owners)
