@@ -164,3 +164,14 @@ def test_storage_resize_is_a_free_and_an_allocation():
         assert tracker.live_bytes == 4000
     tracker.close()
     assert torch.UntypedStorage.resize_ is orig
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--nproc", "0"], "at least 2 ranks"),
+    (["--nproc", "2", "--device", "cuda"], "--device cpu"),
+])
+def test_bad_nproc_is_a_config_error(args, needle):
+    r = subprocess.run([sys.executable, "-m", "memplan", "validate", *args],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and needle in r.stderr + r.stdout
+    assert "Traceback" not in r.stderr

@@ -342,6 +342,9 @@ def validate(
     when a case exceeds its bound (trace 1%, estimate 5% of the measured peak)."""
     _check_format(format)
     if nproc != 1:
+        if device != "cpu":
+            _fail(f"--nproc {nproc} with --device {device}: the distributed cases run on gloo on "
+                  "CPU only; use --device cpu.")
         from .cli_validate_dist import validate_dist
 
         validate_dist(nproc=nproc, quick=quick, cases=cases, format=format)
