@@ -28,9 +28,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("system", "custom_hardware", "generic"),  # generic: traced step of unknown families
     ("calibrate",),  # memplan calibrate's micro-benchmarks (torch), over timing's Calibration
     ("plan",),  # memplan plan / size: the search over recipes, on the estimator (issue #13)
-    ("report", "validate", "export"),  # export: recipe -> engine configs and back
+    ("report", "export"),  # export: recipe -> engine configs and back
+    ("validate",),  # validate --nproc configures its runs from export's files (issue #14 item 4)
     ("api", "cli_options"),
-    ("validate_dist",),  # memplan validate --nproc: torchrun runs against api's estimate + export
     ("web", "cli_calibrate", "cli_export", "cli_validate_dist", "cli_plan"),  # memplan serve: the page over api and report (issue #16)
     ("cli", "__init__"),
     ("__main__",),
@@ -48,7 +48,7 @@ ALLOWED: dict[tuple[str, str], str] = {
 NO_TORCH_AT_IMPORT = ("errors", "units", "results", "facts", "model", "hardware", "recipe",
                       "breakdown", "estimate", "host", "timing", "system", "report", "api",
                       "cli_options", "cli", "web", "custom_hardware", "cli_calibrate",
-                      "export", "cli_export", "plan", "cli_plan")
+                      "export", "cli_export", "plan", "cli_plan", "cli_validate_dist")
 """Packages that must not import torch at module level (``memplan estimate`` starts fast)."""
 
 MAX_LINES = 420

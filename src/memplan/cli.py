@@ -16,7 +16,6 @@ from typing import Annotated, Any
 import typer
 
 from .cli_options import FROM_HELP, fail as _fail, guard as _guard, host_option, recipe_options
-from .cli_validate_dist import NPROC_HELP as _NPROC_HELP
 
 app = typer.Typer(
     add_completion=False,
@@ -337,13 +336,15 @@ def validate(
     quick: Annotated[bool, Opt("--quick", help="The quick subset (CI).")] = False,
     cases: Annotated[Path | None, Opt(help="A cases TOML instead of the built-in matrix.")] = None,
     format: Annotated[str, Opt("--format", help="table | json.")] = "table",
-    nproc: Annotated[int, Opt(help=_NPROC_HELP)] = 1,
+    nproc: Annotated[int, Opt(help="Ranks >= 2: the FSDP2/DeepSpeed cases, torchrun on gloo.")] = 1,
 ) -> None:
     """Run the accuracy matrix for real, trace and estimate each case, and compare. Exits 1
     when a case exceeds its bound (trace 1%, estimate 5% of the measured peak)."""
     _check_format(format)
     if nproc != 1:
-        return __import__(f"{__package__}.cli_validate_dist", fromlist=["x"]).run(nproc, format)
+        from .cli_validate_dist import validate_dist
+
+        return validate_dist(nproc=nproc, quick=quick, cases=cases, format=format, device=device)
     from rich.console import Console
     from rich.progress import Progress
 
@@ -408,10 +409,9 @@ def serve(
     _guard(lambda: run_server(host=host, port=port))
 
 
-from .cli_calibrate import calibrate_command  # noqa: E402  (its own module: issue #19)
-
+from .cli_calibrate import calibrate_command  # noqa: E402  (issue #19)
+from .cli_export import export_command  # noqa: E402  (issue #14)
 app.command("calibrate")(calibrate_command)
-from .cli_export import export_command  # noqa: E402  (its own module: issue #14)
 app.command("export")(export_command)
 from .cli_plan import register as _register_plan; _register_plan(app)  # noqa: E402,E702  (issue #13)
 

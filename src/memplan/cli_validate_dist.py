@@ -1,54 +1,71 @@
-"""``memplan validate --nproc N`` (called by ``cli.py``): the distributed cases, every rank
-measured under torchrun, against memplan's per-rank estimate."""
+"""``memplan validate --nproc N``: the CLI side of ``memplan.validate.distributed`` (a table or
+JSON of every rank of every case; exit 1 when a rank is outside the 5% bound)."""
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import typer
 
-from .cli_options import guard
+from .cli_options import fail, guard
 
-__all__ = ["run", "NPROC_HELP"]
-
-NPROC_HELP = ("Ranks per distributed case: >= 2 runs the DeepSpeed and FSDP2 cases under "
-              "torchrun (gloo, CPU) instead of the single-process matrix.")
+__all__ = ["render", "validate_dist"]
 
 
-def run(nproc: int, format: str) -> None:
-    """Run the distributed cases on ``nproc`` ranks; print the table or JSON; exit 1 past the
-    bound."""
-    from rich.console import Console
-    from rich.progress import Progress
+def _mib(b: int) -> str:
+    return f"{b / 2**20:,.2f} MiB"
+
+
+def render(report: dict[str, Any]) -> Any:
+    """A rich table: one row per (case, rank)."""
     from rich.table import Table
 
-    def cases() -> Any:
-        from .validate_dist import DIST_CASES, validate_distributed
+    t = Table(title=f"memplan validate --nproc {report['nproc']} (torchrun, gloo, CPU; "
+                    "live tensor bytes per rank)")
+    for col in ("case", "engine", "from", "rank", "measured", "estimated", "error",
+                "fwd / bwd / opt error", "measured peak at"):
+        t.add_column(col, justify="right" if col in ("measured", "estimated", "error") else "left")
+    for c in report["cases"]:
+        if c["error"]:
+            t.add_row(c["name"], c["engine"], c["configured_from"], "-", "-", "-", "-", "-",
+                      c["error"][:120])
+            continue
+        for r in c["ranks"]:
+            ph = r["phase_error_pct"]
+            t.add_row(c["name"], c["engine"], c["configured_from"], str(r["rank"]),
+                      _mib(r["measured_peak_allocated_bytes"]),
+                      _mib(r["estimated_peak_allocated_bytes"]),
+                      f"{r['estimate_error_pct']:+.2f}%",
+                      " / ".join(f"{ph[p]:+.1f}%" if p in ph else "-"
+                                 for p in ("forward", "backward", "optimizer-step")),
+                      r["measured_peak_moment"])
+    return t
 
-        with Progress(console=Console(stderr=True), transient=True) as bar:
-            task = bar.add_task(f"torchrun x {nproc}", total=len(DIST_CASES))
-            return validate_distributed(
-                nproc, on_case=lambda r: bar.update(task, advance=1, description=r.case.name))
 
-    results = guard(cases, stdout_to_stderr=True)
-    from .validate_dist import BOUND_PCT
+def validate_dist(*, nproc: int, quick: bool, cases: Path | None, format: str,
+                  device: str = "cpu") -> None:
+    """Run, print, exit 1 when a case is outside the bound."""
+    from .validate.distributed import validate_distributed
 
-    rows = [r.to_dict() for r in results]
+    if device != "cpu":
+        fail(f"--nproc {nproc} with --device {device}: the distributed cases run on gloo on "
+             "CPU only; use --device cpu.")
+    report = guard(lambda: validate_distributed(nproc=nproc, quick=quick, table=cases),
+                   stdout_to_stderr=True).to_dict()
     if format == "json":
-        sys.stdout.write(json.dumps({"nproc": nproc, "bound_pct": BOUND_PCT, "cases": rows},
-                                    indent=2) + "\n")
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:
-        t = Table(title=f"memplan validate --nproc {nproc}: bytes a rank holds between steps "
-                        "(torchrun, gloo, CPU)")
-        for col in ("case", "engine", "measured per rank", "estimated", "error per rank", "s"):
-            t.add_column(col, justify="left" if col in ("case", "engine") else "right")
-        for r in rows:
-            err = r["error"] or ", ".join(f"{e:+.3f}%" for e in r["error_pct_per_rank"])
-            t.add_row(r["name"], r["engine"],
-                      ", ".join(f"{m:,}" for m in r["measured_bytes_per_rank"]) or "-",
-                      f"{r['estimated_bytes_per_rank']:,}", err, f"{r['seconds']:.0f}")
-        Console().print(t)
-    if any(not r["within_bound"] for r in rows):
+        from rich.console import Console
+
+        console = Console()
+        console.print(render(report))
+        e = report["max_abs_error_pct"]
+        console.print(f"per-rank estimate |error|: max {'n/a' if e is None else f'{e:.2f}%'} "
+                      f"(bound {report['bounds_pct']['estimate_per_rank']}%); "
+                      f"{len(report['cases'])} cases in {report['seconds']:.0f} s; "
+                      f"{'PASSED' if report['passed'] else 'FAILED'}")
+    if not report["passed"]:
         raise typer.Exit(1)

@@ -193,12 +193,18 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
                 "gradients in buckets (torch DistributedDataParallel docstring)"))
         else:
             e = recipe.engine
-            n = min(e.reduce_bucket_size, t_numel)
+            if e.contiguous_gradients:
+                n = e.reduce_bucket_size * (2 if e.overlap_comm else 1)
+                why = ("contiguous_gradients: DeepSpeed allocates the whole bucket, whatever the "
+                       "model's size, two with overlap_comm (stage_1_and_2.py setup_buckets, "
+                       "0.19.8); measured by memplan validate --nproc 2")
+            else:
+                n, why = min(e.reduce_bucket_size, t_numel), "at most the trainable elements"
             out.append(_line(
                 category=Category.COMMUNICATION, name="ZeRO reduce bucket",
                 bytes=math.ceil(n * gb), phases=(B,),
                 formula=f"reduce_bucket_size = {e.reduce_bucket_size:,} elements (DeepSpeed "
-                "default 5e8), at most the trainable elements"))
+                f"default 5e8); {why}"))
             p_numel = sum(h.numel for h in stage.held)
             out.append(_line(
                 category=Category.COMMUNICATION, name="ZeRO all-gather bucket",

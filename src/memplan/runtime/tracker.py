@@ -187,6 +187,12 @@ class StorageTracker(TorchDispatchMode):
             self._see_storage(st)
         self.phase, self.window = phase, window
 
+    def resized(self, st: torch.UntypedStorage) -> None:
+        """``st`` was resized outside the dispatcher (``UntypedStorage.resize_``, as FSDP2 frees
+        and re-allocates its all-gather buffers): a free and a new allocation, if it is known."""
+        if id(st) in self._uid_of:
+            self._see_storage(st)
+
     def _see_storage(self, st: torch.UntypedStorage) -> StorageRecord:
         sid = id(st)
         nbytes = st.nbytes()

@@ -1,117 +1,258 @@
-"""One rank of a distributed validation run (``memplan validate --nproc N``), started by
-torchrun on the gloo backend on CPU. Not imported by memplan: torchrun runs it as a script.
+"""One rank of a distributed validation case: ``torchrun ... -m memplan.validate.dist_worker``.
 
-It builds the case's tiny model from its config.json (fp32, fixed seed), wraps it the way the
-engine does, trains ``--steps`` steps on random tokens and, after each step's ``zero_grad``,
-counts every live tensor byte of the process: all ``torch.Tensor`` objects the garbage
-collector can see, de-duplicated by storage (DTensor views and ``to_local()`` share storages;
-summing tensors instead of storages over-counts several times). That counter is independent of
-memplan's own tracker and of the estimator. Each rank writes ``rank<R>.json`` into ``--out``.
+Started by ``memplan.validate.distributed`` (``memplan validate --nproc N``) on the gloo backend
+on CPU. The rank builds the tiny model, applies the engine **from the config file memplan
+exported** for the recipe (``memplan.export``), runs two real training steps under the storage
+tracker of ``memplan.runtime`` and writes ``rank<R>.json``: its engine, rank, world size, the
+config it ran and every step's peaks per phase and moment.
 
-Engines:
-- ``deepspeed``: ``deepspeed.initialize`` with the ds_config that ``memplan export --to
-  deepspeed`` wrote for the case's recipe (``--ds-config``), plus ``"torch_adam": true`` in the
-  optimizer's params: no fused CPU Adam is built on a CPU-only machine.
-- ``fsdp2``: ``fully_shard`` on every decoder layer and then on the root, with
-  ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` under bf16-mixed, and torch
-  AdamW (its default implementation on the device).
+- ``fsdp2``: the accelerate YAML (``export --to accelerate``); its ``fsdp_config`` is applied the
+  way accelerate applies FSDP2 (``fully_shard`` on each transformer block, then on the root;
+  ``mixed_precision: bf16`` -> ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``;
+  ``fsdp_reshard_after_forward``; ``fsdp_activation_checkpointing`` -> non-reentrant
+  checkpointing of each block). ``accelerate launch`` itself cannot be used: on CPU it starts
+  unsharded processes (``shared/facts/engines-on-cpu.md``).
+- ``deepspeed``: the ds_config JSON (``export --to deepspeed``) is passed to
+  ``deepspeed.initialize`` as written, with one override recorded in the output:
+  ``optimizer.params.torch_adam = true`` (no fused CPU Adam is built on this machine).
+
+Counting: every distinct storage once (``DTensor.to_local()`` views and FSDP's padded shards share
+storages; the tracker keys storages, not tensors). Storages FSDP2 frees and re-allocates with
+``UntypedStorage.resize_`` are re-counted at each resize (``resize_counted``). Tensors alive
+before a step that no op has touched yet (flat buffers, master copies) are found by a sweep of
+the garbage collector's objects at the step's start, so step 0 sees them from its first instant;
+``gc.collect()`` runs first, so that garbage held by reference cycles (freed whenever Python's
+collector happens to run, at a different moment on each rank) is not counted.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
-import os
+import time
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..breakdown import Phase
+from ..recipe import Recipe
+from ..runtime.book import (close_step, end_forward, mark_grads, mark_optimizer_state,
+                            mark_params, open_step, step_measurement, tensors_of)
+from ..runtime.labels import BATCH, OPTIMIZER, ROOT, ModuleLabeller, layer_stack
+from ..runtime.steps import step_record
+from ..runtime.tracker import StorageTracker
+
+__all__ = ["main", "measure", "resize_counted", "run_case"]
 
 
-def live_tensor_bytes() -> int:
-    """Bytes of every distinct storage behind a live tensor of this process."""
-    import torch
+@contextlib.contextmanager
+def resize_counted(tracker: StorageTracker) -> Iterator[None]:
+    """Count ``UntypedStorage.resize_`` (FSDP2's ``free_storage``/``alloc_storage``) as a free
+    and a new allocation of the storage."""
+    orig = torch.UntypedStorage.resize_
 
+    def resize_(self: Any, size: int) -> Any:
+        out = orig(self, size)
+        tracker.resized(self)
+        return out
+
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.UntypedStorage.resize_ = orig  # type: ignore[method-assign]
+
+
+def _live_tensors() -> list[torch.Tensor]:
+    with warnings.catch_warnings():  # isinstance on lazy module attributes warns
+        warnings.simplefilter("ignore")
+        return [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+
+
+class _Engine:
+    """What the step loop needs from an engine."""
+
+    def __init__(self, *, module: Any, optimizer: Any, forward: Callable[[dict], Any],
+                 backward: Callable[[Any], None], step: Callable[[], None],
+                 zero_grad: Callable[[], None], extra_params: Callable[[], list[torch.Tensor]],
+                 extra_opt: Callable[[], list[torch.Tensor]]) -> None:
+        self.module, self.optimizer = module, optimizer
+        self.forward, self.backward, self.step, self.zero_grad = forward, backward, step, zero_grad
+        self.extra_params, self.extra_opt = extra_params, extra_opt
+
+
+def _blocks(model: Any) -> list[Any]:
+    stack = layer_stack(model)
+    return list(model.get_submodule(stack)) if stack else []
+
+
+def _fsdp2(model: Any, cfg: dict[str, Any], optimizer_name: str) -> _Engine:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    fsdp = cfg["fsdp_config"]
+    if fsdp.get("fsdp_version") != 2:
+        raise SystemExit(f"fsdp_version={fsdp.get('fsdp_version')}: this harness runs FSDP2")
+    if fsdp.get("fsdp_activation_checkpointing"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.get("mixed_precision", "no"))
+    policy = (MixedPrecisionPolicy(param_dtype=mp, reduce_dtype=torch.float32) if mp
+              else MixedPrecisionPolicy())
+    reshard = bool(fsdp.get("fsdp_reshard_after_forward", True))
+    for block in _blocks(model):
+        fully_shard(block, mp_policy=policy, reshard_after_forward=reshard)
+    fully_shard(model, mp_policy=policy, reshard_after_forward=reshard)
+    from ..runtime.workload import _optimizer
+
+    opt = _optimizer(torch, optimizer_name, [p for p in model.parameters() if p.requires_grad])
+
+    def forward(batch: dict) -> Any:
+        return model(**batch).loss
+
+    return _Engine(module=model, optimizer=opt, forward=forward,
+                   backward=lambda loss: loss.backward(), step=opt.step,
+                   zero_grad=lambda: opt.zero_grad(set_to_none=True),
+                   extra_params=lambda: [], extra_opt=lambda: [])
+
+
+def _deepspeed(model: Any, cfg: dict[str, Any]) -> _Engine:
+    import deepspeed
+
+    if "activation_checkpointing" in cfg:  # what the HF Trainer does with checkpointing on
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    engine, opt, _, _ = deepspeed.initialize(model=model, config=cfg,
+                                             model_parameters=[p for p in model.parameters()
+                                                               if p.requires_grad])
+    inner = getattr(opt, "optimizer", opt)
+
+    def extra_params() -> list[torch.Tensor]:
+        return [p.ds_tensor for p in engine.module.parameters() if hasattr(p, "ds_tensor")]
+
+    def extra_opt() -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):
+            out += [t for t in getattr(opt, name, []) or [] if isinstance(t, torch.Tensor)]
+        return out
+
+    def forward(batch: dict) -> Any:
+        return engine(**batch).loss
+
+    return _Engine(module=engine.module, optimizer=inner, forward=forward,
+                   backward=engine.backward, step=engine.step, zero_grad=engine.zero_grad,
+                   extra_params=extra_params, extra_opt=extra_opt)
+
+
+def measure(eng: _Engine, batch: dict, steps: int, before: set[int]) -> list[dict[str, Any]]:
+    """``steps`` training steps of ``eng`` under the storage tracker; one ``step_record`` each.
+    Tensors whose ``id`` is in ``before`` (alive before the case was built) are not swept in."""
+    tracker = StorageTracker()
+    labeller = ModuleLabeller(eng.module, tracker)
+    owners = labeller.owner_of_tensor
+    out = []
+    try:
+        with tracker, resize_counted(tracker), torch.autograd.graph.saved_tensors_hooks(
+                tracker.pack_hook, tracker.unpack_hook):
+            for step in range(steps):
+                tracker.set_phase(None)
+                gc.collect()  # cycle garbage from the last step: freed now, on every rank alike
+                eng.zero_grad()
+                params = list(eng.module.parameters()) + list(eng.module.buffers())
+                mark_params(tracker, params + eng.extra_params(), owners)
+                mark_grads(tracker, params, owners)
+                mark_optimizer_state(tracker, eng.optimizer, owners)
+                for t in eng.extra_opt():
+                    for rec in tracker.see(t):
+                        rec.opt = True
+                tracker.owner = BATCH
+                for t in tensors_of(batch):
+                    tracker.see(t)
+                tracker.owner = ROOT
+                tracker.see_before_step([t for t in _live_tensors() if id(t) not in before])
+                open_step(tracker, step)
+                tracker.set_phase(Phase.FORWARD)
+                loss = eng.forward(batch)
+                end_forward(tracker)
+                eng.backward(loss)
+                mark_grads(tracker, params, owners)
+                tracker.set_phase(Phase.OPTIMIZER)
+                tracker.owner = OPTIMIZER
+                eng.step()
+                mark_optimizer_state(tracker, eng.optimizer, owners)
+                mark_grads(tracker, params, owners)
+                w = close_step(tracker)
+                assert w is not None
+                del loss
+                out.append(step_record(step_measurement(tracker, w)))
+    finally:
+        tracker.close()
+        labeller.detach()
+    return out
+
+
+def run_case(case: dict[str, Any], rank: int) -> dict[str, Any]:
+    """Build, wrap and measure one case of the plan on this rank."""
+    t0 = time.perf_counter()
+    recipe = Recipe.from_dict(case["recipe"])
+    engine = str(recipe.engine_kind)
+    text = Path(case["config"]).read_text()
+    overrides: list[str] = []
+    if engine == "deepspeed":
+        cfg = json.loads(text)
+        cfg.setdefault("optimizer", {}).setdefault("params", {})["torch_adam"] = True
+        overrides.append("optimizer.params.torch_adam = true (no fused CPU Adam on this machine)")
+    else:
+        import yaml
+
+        cfg = yaml.safe_load(text)
+    from ..runtime.workload import build_model
+
+    single = recipe.with_keys(gpus=1, zero=0, offload="none", engine="auto",
+                              precision="32-true", checkpointing="none")
+    before = {id(t) for t in _live_tensors()}
+    model = build_model(case["model"], single, device="cpu", seed=0).model
+    model.train()
+    eng = (_deepspeed(model, cfg) if engine == "deepspeed"
+           else _fsdp2(model, cfg, str(recipe.optimizer.kind)))
+    torch.manual_seed(1 + rank)
+    ids = torch.randint(0, model.config.vocab_size, (recipe.batch.micro_batch,
+                                                     recipe.batch.seq_len))
+    batch = {"input_ids": ids, "labels": ids.clone()}
+    steps = measure(eng, batch, int(case.get("steps", 2)), before)
+    del eng, model, batch
     gc.collect()
-    seen: dict[int, int] = {}
-    for obj in gc.get_objects():
-        try:
-            if not isinstance(obj, torch.Tensor) or obj.is_meta:
-                continue
-            local = getattr(obj, "_local_tensor", None)  # DTensor: its shard is the storage
-            t = local if isinstance(local, torch.Tensor) else obj
-            st = t.untyped_storage()
-        except (RuntimeError, NotImplementedError, ReferenceError):
-            continue
-        if st.data_ptr() and st.nbytes():
-            seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
-    return sum(seen.values())
+    return {"name": case["name"], "engine": engine, "rank": rank,
+            "world_size": dist.get_world_size(), "config_file": case["config"], "config": cfg,
+            "overrides": overrides, "steps": steps, "torch": torch.__version__,
+            "seconds": round(time.perf_counter() - t0, 3)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--config", required=True)
-    ap.add_argument("--engine", choices=("deepspeed", "fsdp2"), required=True)
-    ap.add_argument("--ds-config", default="")
-    ap.add_argument("--precision", default="bf16-mixed")
-    ap.add_argument("--micro-batch", type=int, default=2)
-    ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args()
-
-    import torch
-    import torch.distributed as dist
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.manual_seed(0)
-    baseline = live_tensor_bytes()
-    cfg = AutoConfig.for_model(**json.loads(Path(a.config).read_text()))
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    model.config.use_cache = False
-    bf16 = a.precision == "bf16-mixed"
-    if a.engine == "deepspeed":
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="One rank of memplan's distributed validation.")
+    ap.add_argument("--plan", required=True,
+                    help="JSON list of cases: name, model, recipe, config, out")
+    a = ap.parse_args(argv)
+    plan = json.loads(Path(a.plan).read_text())
+    engines = {str(Recipe.from_dict(c["recipe"]).engine_kind) for c in plan}
+    if "deepspeed" in engines:
         import deepspeed
 
         deepspeed.init_distributed(dist_backend="gloo")
-        ds = json.loads(Path(a.ds_config).read_text())
-        ds.setdefault("optimizer", {"type": "AdamW"}).setdefault("params", {})
-        ds["optimizer"]["params"].update({"lr": 1e-4, "torch_adam": True})
-        engine, *_ = deepspeed.initialize(model=model, config=ds,
-                                          model_parameters=model.parameters())
-
-        def step(ids: torch.Tensor) -> None:
-            loss = engine(input_ids=ids, labels=ids).loss
-            engine.backward(loss)
-            engine.step()
     else:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
         dist.init_process_group("gloo")
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None,
-                                  reduce_dtype=torch.float32)
-        for layer in model.model.layers:
-            fully_shard(layer, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-        def step(ids: torch.Tensor) -> None:
-            model(input_ids=ids, labels=ids).loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-    after: list[int] = []
-    gen = torch.Generator().manual_seed(1 + rank)
-    for _ in range(a.steps):
-        ids = torch.randint(0, cfg.vocab_size, (a.micro_batch, a.seq_len), generator=gen)
-        step(ids)
-        del ids
-        after.append(live_tensor_bytes() - baseline)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"rank{rank}.json").write_text(json.dumps(
-        {"rank": rank, "world_size": world, "engine": a.engine,
-         "between_steps_bytes": after}))
-    dist.barrier()
+    rank = dist.get_rank()
+    for case in plan:
+        try:
+            record = run_case(case, rank)
+        except Exception as e:  # noqa: BLE001 - reported per case; the other ranks see it too
+            record = {"name": case["name"], "rank": rank, "error": f"{type(e).__name__}: {e}"}
+        Path(case["out"]).parent.mkdir(parents=True, exist_ok=True)
+        Path(f"{case['out']}.rank{rank}.json").write_text(json.dumps(record, indent=1))
+        dist.barrier()
     dist.destroy_process_group()
 
 

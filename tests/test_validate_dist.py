@@ -1,0 +1,170 @@
+"""`memplan validate --nproc 2 --quick`: per-rank validation on real torchrun/gloo runs on CPU
+(issue #11 item 5), configured from memplan's own exports (issue #14 item 4).
+
+The bound is the issue's: each rank's estimated peak within 5% of its measured live tensor bytes.
+Cases that exceed it today are strict xfails carrying the error measured when they were written
+(validation/dist_nproc2.json) and the cause; one that starts passing fails the suite, so the
+list only shrinks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("deepspeed")
+
+from memplan.errors import ConfigError  # noqa: E402
+from memplan.export import export  # noqa: E402
+from memplan.validate import BOUNDS  # noqa: E402
+from memplan.validate.distributed import dist_cases  # noqa: E402
+
+KNOWN = {
+    "fsdp2 bf16-mixed": "+19.3% (2 ranks): between steps the estimate is exact (fp32 shard + "
+        "AdamW states, memplan validate's between-steps check), so the excess is at the backward "
+        "peak: the estimate holds the unsharded gradients of a unit in fp32 (the reduce dtype) "
+        "where FSDP2 computes them in bf16 (param_dtype) and casts per reduce-scatter; not yet "
+        "modelled (issue #11 item 1).",
+    "fsdp2 bf16-mixed ckpt": "+10.8% (2 ranks): the same unit-gradient dtype as "
+        "'fsdp2 bf16-mixed', on a smaller (checkpointed) peak.",
+    "fsdp2 fp32 ckpt": "-5.2% (2 ranks): the measured peak is at the backward of model.layers.0 "
+        "(recompute), with 3,648,004 B of activations against 1,743,872 B estimated. Likely "
+        "cause, not yet checked: the recomputed block saves its all-gathered parameters again "
+        "for its backward.",
+    "deepspeed zero2 bf16 auto buckets": "-9.4% (2 ranks) with HF's 'auto' bucket of 16,384 "
+        "elements: the default-bucket cases pass (+0.15%), so the gap is DeepSpeed memory that "
+        "a 5e8 bucket hides: not yet attributed.",
+    "deepspeed zero3 bf16 auto buckets": "-6.8% (2 ranks): at the backward peak the measurement "
+        "has more activations and temporaries than estimated; the gathered ZeRO-3 parameters "
+        "saved by autograd are not yet attributed.",
+    "deepspeed zero2 bf16 offload optimizer auto buckets": "-15.8% (2 ranks): the offloaded "
+        "fp32 master and AdamW states match the estimate; DeepSpeed's CPU-offload gradient path "
+        "holds temporaries the estimate does not attribute (~3 MB at the backward peak).",
+    "deepspeed zero3 bf16 offload optimizer auto buckets": "-6.2% (2 ranks): the gathered "
+        "ZeRO-3 parameters of 'deepspeed zero3 bf16 auto buckets' plus temporaries of the "
+        "offload gradient path, not yet attributed.",
+}
+"""Case -> the error measured when the xfail was written, and its cause."""
+
+
+@pytest.fixture(scope="module")
+def run():
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "memplan", "validate", "--nproc", "2", "--quick",
+                        "--format", "json"], capture_output=True, text=True, timeout=600)
+    assert "Traceback (most recent call last)" not in r.stdout, r.stdout[-3000:]
+    return r, json.loads(r.stdout), time.perf_counter() - t0
+
+
+def test_every_case_runs_on_every_rank(run):
+    r, data, seconds = run
+    assert seconds < 300
+    assert [c["name"] for c in data["cases"]] == [c.name for c in dist_cases(nproc=2, quick=True)]
+    assert {c["engine"] for c in data["cases"]} == {"fsdp2", "deepspeed"}
+    for c in data["cases"]:
+        assert c["error"] == "", c["error"]
+        assert c["nproc"] == 2 and [x["rank"] for x in c["ranks"]] == [0, 1]
+        for x in c["ranks"]:
+            assert x["measured_peak_allocated_bytes"] > 0
+            assert set(x["measured_phase_peaks"]) == {"forward", "backward", "optimizer-step"}
+    assert r.returncode == (0 if data["passed"] else 1)
+
+
+def test_runs_are_configured_from_memplans_own_export(run):
+    _, data, _ = run
+    for case, c in zip(dist_cases(nproc=2, quick=True), data["cases"], strict=True):
+        assert c["config"] == export(case.recipe, case.target).text
+        assert c["configured_from"] == ("accelerate" if c["engine"] == "fsdp2" else "deepspeed")
+
+
+def test_sharded_storages_are_counted_once(run):
+    """FSDP2 fp32 on 2 ranks: the parameters at the peak are half the model's fp32 bytes (plus
+    the shard padding), not the 4x a naive sum over DTensor views gives."""
+    _, data, _ = run
+    c = next(c for c in data["cases"] if c["name"] == "fsdp2 fp32")
+    for x in c["ranks"]:
+        est = x["estimated_categories_at_peak"]["params"]
+        assert abs(x["measured_categories_at_peak"]["params"] - est) / est < 0.01
+
+
+@pytest.mark.parametrize("name", [c.name for c in dist_cases(nproc=2, quick=True)])
+def test_each_rank_within_5_percent(run, name, request):
+    if name in KNOWN:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=KNOWN[name]))
+    _, data, _ = run
+    c = next(c for c in data["cases"] if c["name"] == name)
+    errs = {x["rank"]: x["estimate_error_pct"] for x in c["ranks"]}
+    assert errs and all(abs(e) <= BOUNDS["estimate"] for e in errs.values()), errs
+
+
+def test_one_rank_is_refused():
+    with pytest.raises(ConfigError, match="at least 2 ranks"):
+        dist_cases(nproc=1)
+
+
+def test_committed_runs_cover_every_case_and_rank():
+    """validation/dist_nproc{2,4}.json (scripts/validate_dist.py) are runs of today's table."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "validation"
+    for n in (2, 4):
+        data = json.loads((root / f"dist_nproc{n}.json").read_text())
+        assert data["command"] == f"memplan validate --nproc {n} --format json"
+        assert [c["name"] for c in data["cases"]] == [c.name for c in dist_cases(nproc=n)]
+        for c in data["cases"]:
+            assert c["error"] == "" and [x["rank"] for x in c["ranks"]] == list(range(n))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("MEMPLAN_DIST4"),
+                    reason="the 4-rank run takes about a minute on 2 cores: set MEMPLAN_DIST4=1 "
+                           "(its results are committed in validation/dist_nproc4.json)")
+def test_four_ranks_match_the_committed_run():
+    from pathlib import Path
+
+    from memplan.validate.distributed import validate_distributed
+
+    saved = json.loads((Path(__file__).resolve().parents[1] / "validation" /
+                        "dist_nproc4.json").read_text())
+    now = validate_distributed(nproc=4).to_dict()
+    for a, b in zip(now["cases"], saved["cases"], strict=True):
+        assert [x["measured_peak_allocated_bytes"] for x in a["ranks"]] == \
+               [x["measured_peak_allocated_bytes"] for x in b["ranks"]], a["name"]
+
+
+def test_storage_resize_is_a_free_and_an_allocation():
+    """FSDP2 frees its all-gather buffers with ``UntypedStorage.resize_(0)`` and re-allocates
+    them with ``resize_(n)``, outside the dispatcher: ``resize_counted`` counts both."""
+    import torch
+
+    from memplan.runtime.tracker import StorageTracker
+    from memplan.validate.dist_worker import resize_counted
+
+    orig, tracker = torch.UntypedStorage.resize_, StorageTracker()
+    with tracker, resize_counted(tracker):
+        t = torch.ones(1000)  # 4,000 B, seen by the tracker
+        assert tracker.live_bytes == 4000
+        t.untyped_storage().resize_(0)
+        assert tracker.live_bytes == 0
+        t.untyped_storage().resize_(4000)
+        assert tracker.live_bytes == 4000
+    tracker.close()
+    assert torch.UntypedStorage.resize_ is orig
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--nproc", "0"], "at least 2 ranks"),
+    (["--nproc", "2", "--device", "cuda"], "--device cpu"),
+])
+def test_bad_nproc_is_a_config_error(args, needle):
+    r = subprocess.run([sys.executable, "-m", "memplan", "validate", *args],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and needle in r.stderr + r.stdout
+    assert "Traceback" not in r.stderr
