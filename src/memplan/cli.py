@@ -6,6 +6,7 @@ Every subcommand catches ``MemplanError``, prints ``Error: <message>`` and exits
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -342,13 +343,8 @@ def validate(
     when a case exceeds its bound (trace 1%, estimate 5% of the measured peak)."""
     _check_format(format)
     if nproc != 1:
-        if device != "cpu":
-            _fail(f"--nproc {nproc} with --device {device}: the distributed cases run on gloo on "
-                  "CPU only; use --device cpu.")
         from .cli_validate_dist import validate_dist
-
-        validate_dist(nproc=nproc, quick=quick, cases=cases, format=format)
-        return
+        return validate_dist(nproc=nproc, device=device, quick=quick, cases=cases, format=format)
     from rich.console import Console
     from rich.progress import Progress
 
@@ -365,7 +361,8 @@ def validate(
                            on_case=lambda r: bar.update(task, advance=1,
                                                         description=r.case.name))
 
-    report = _guard(run).to_dict()
+    with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed's logger prints to stdout
+        report = _guard(run).to_dict()
     if format == "json":
         _emit_json(report)
     else:

@@ -3,6 +3,7 @@ JSON of every rank of every case; exit 1 when a rank is outside the 5% bound).""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 
 import typer
 
-from .cli_options import guard
+from .cli_options import fail, guard
 
 __all__ = ["render", "validate_dist"]
 
@@ -45,11 +46,17 @@ def render(report: dict[str, Any]) -> Any:
     return t
 
 
-def validate_dist(*, nproc: int, quick: bool, cases: Path | None, format: str) -> None:
+def validate_dist(*, nproc: int, device: str, quick: bool, cases: Path | None,
+                  format: str) -> None:
     """Run, print, exit 1 when a case is outside the bound."""
     from .validate.distributed import validate_distributed
 
-    report = guard(lambda: validate_distributed(nproc=nproc, quick=quick, table=cases)).to_dict()
+    if device != "cpu":
+        fail(f"--nproc {nproc} with --device {device}: the distributed cases run on gloo on CPU "
+             "only; use --device cpu.")
+    with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed's logger prints to stdout
+        report = guard(lambda: validate_distributed(nproc=nproc, quick=quick,
+                                                    table=cases)).to_dict()
     if format == "json":
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:
