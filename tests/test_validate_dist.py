@@ -27,13 +27,6 @@ from memplan.validate import BOUNDS  # noqa: E402
 from memplan.validate.distributed import dist_cases  # noqa: E402
 
 KNOWN = {
-    "fsdp2 bf16-mixed": "+19.3% (2 ranks): between steps the estimate is exact (fp32 shard + "
-        "AdamW states, memplan validate's between-steps check), so the excess is at the backward "
-        "peak: the estimate holds the unsharded gradients of a unit in fp32 (the reduce dtype) "
-        "where FSDP2 computes them in bf16 (param_dtype) and casts per reduce-scatter; not yet "
-        "modelled (issue #11 item 1).",
-    "fsdp2 bf16-mixed ckpt": "+10.8% (2 ranks): the same unit-gradient dtype as "
-        "'fsdp2 bf16-mixed', on a smaller (checkpointed) peak.",
     "fsdp2 fp32 ckpt": "-5.2% (2 ranks): the measured peak is at the backward of model.layers.0 "
         "(recompute), with 3,648,004 B of activations against 1,743,872 B estimated. Likely "
         "cause, not yet checked: the recomputed block saves its all-gathered parameters again "

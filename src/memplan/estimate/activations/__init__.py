@@ -30,13 +30,18 @@ def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
     sequence; prompt tuning lengthens it by its virtual tokens)."""
     m = recipe.method
     full = m.kind == "full"
-    act = dtype_bytes(dt.param if full else dt.frozen)
     half = dtype_bytes(dt.compute)
+    # FSDP1/FSDP2/torchtitan run forward and backward on the all-gathered copy, cast to
+    # param_dtype (MixedPrecisionPolicy): no autocast weight copies, though the shard is fp32
+    gathered = str(recipe.engine_kind) in ("fsdp1", "fsdp2", "torchtitan") \
+        and recipe.parallelism.zero >= 1
+    pbytes = half if gathered else dtype_bytes(dt.param)
+    act = pbytes if full else dtype_bytes(dt.frozen)
     lora = m.kind in ("lora", "qlora")
     adapted = m.kind in LORA_LIKE or m.kind == "ia3"
     seq = recipe.batch.seq_len + (m.virtual_tokens if m.kind == "prompt-tuning" else 0)
     # torch.autocast: mixed precision with fp32 parameters (ZeRO >= 1 / fp8 keep a 16-bit model)
-    amp = recipe.precision.kind.endswith("-mixed") and dtype_bytes(dt.param) == 4 and half < 4
+    amp = recipe.precision.kind.endswith("-mixed") and pbytes == 4 and half < 4
     par = recipe.parallelism
     return Ctx(batch=recipe.batch.micro_batch, seq=-(-seq // par.cp),
                act=int(act), half=int(half), amp=amp,
@@ -50,7 +55,7 @@ def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
                prompt=m.virtual_tokens if m.kind == "prompt-tuning" else 0,
                input_grad=m.kind == "adapter",
                adapter=int(dtype_bytes(recipe.method.adapter_dtype)),
-               train_act=int(dtype_bytes(dt.param)), loss=recipe.loss.kind,
+               train_act=int(pbytes), loss=recipe.loss.kind,
                sp=par.tp if par.sequence_parallel else 1,
                capacity=float(par.moe_capacity_factor))
 
