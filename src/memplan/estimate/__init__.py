@@ -11,7 +11,7 @@ from dataclasses import replace
 from ..breakdown import Breakdown, Category, Item, Phase, Pool, RankBreakdown
 from ..hardware import Device
 from ..model.spec import ModelSpec
-from ..recipe import Offload, Parallelism, Recipe
+from ..recipe import Offload, Engine, Parallelism, Recipe
 from ..results import ModelInfo
 from .checks import check_compatible
 from .layout import Stage, layout
@@ -21,7 +21,7 @@ from .activations import stage_points
 from .lines import Line
 from .optimizer_step import optimizer_step_items
 from .timeline import Instant, moments
-from ..facts import Dtypes, dtypes
+from ..facts import Dtypes, dtypes, state_dtypes
 
 __all__ = ["estimate"]
 
@@ -42,7 +42,7 @@ def _role(stage: Stage, recipe: Recipe) -> str:
 
 def _trainable(model: ModelSpec, recipe: Recipe) -> int:
     """Trainable parameters of the whole model (adapters for LoRA), counted once."""
-    whole = replace(recipe, parallelism=Parallelism(), offload=Offload())
+    whole = replace(recipe, parallelism=Parallelism(), offload=Offload(), engine=Engine())
     return sum(h.numel for h in layout(model, whole)[0].held if h.trainable)
 
 
@@ -108,12 +108,13 @@ def inflight_microbatches(pp: int, stage: int, virtual: int, microbatches: int) 
 def _ranks(model: ModelSpec, recipe: Recipe, device: Device) -> tuple[RankBreakdown, ...]:
     """One ``RankBreakdown`` per pipeline stage (the recipe is already checked)."""
     dt = dtypes(recipe)
+    sdt = state_dtypes(recipe)  # the engine's stored states (FSDP: fp32 shards, no master)
     on_cpu = recipe.platform.device == "cpu"
     ranks = []
     per_stage = recipe.parallelism.gpus // recipe.parallelism.pp
     for stage in layout(model, recipe):
-        lines = model_state_items(stage, recipe, dt) + overhead_items(device, on_cpu)
-        lines += nccl_items(recipe, stage.index) + _step_lines(stage, recipe, dt)
+        lines = model_state_items(stage, recipe, sdt) + overhead_items(device, on_cpu)
+        lines += nccl_items(recipe, stage.index) + _step_lines(stage, recipe, sdt)
         instants = _instants(model, stage, recipe, dt)
         timeline = moments(lines, instants)
         outside = [ln.item for ln in lines if ln.item.pool != Pool.ALLOCATED]

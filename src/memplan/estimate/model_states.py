@@ -150,9 +150,14 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
             "4/8-bit for a QLoRA base (FSDP limit_all_gathers keeps two units; PyTorch FSDP "
             "notes)"))
         if t_numel:
+            # FSDP computes the unit's gradients in param_dtype and reduce-scatters them in
+            # reduce_dtype (default: param_dtype), casting only the shard to fp32
+            # (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce);
+            # DeepSpeed's 16-bit model has 16-bit gradients already (gb).
+            ub = cb if str(recipe.engine_kind) in ("fsdp1", "fsdp2", "torchtitan") else gb
             out.append(_line(
                 category=Category.COMMUNICATION, name="unsharded gradients of one unit",
-                bytes=math.ceil(min(unit, t_numel) * gb), phases=(B,),
+                bytes=math.ceil(min(unit, t_numel) * ub), phases=(B,),
                 formula="reduce-scatter input of the unit in backward (PyTorch FSDP notes)"))
     elif recipe.parallelism.dp > 1 and t_numel:
         if recipe.parallelism.zero == 0:
@@ -162,17 +167,22 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
                 formula="gradient_as_bucket_view=False (default) keeps a second full copy of the "
                 "gradients in buckets (torch DistributedDataParallel docstring)"))
         else:
-            n = min(DS_REDUCE_BUCKET, t_numel)
+            # the recipe's DeepSpeed knobs (defaults = DeepSpeedZeroConfig's 5e8 elements);
+            # stage_1_and_2.py DeepSpeedZeroOptimizer.reduce_ipg_grads fills one bucket of
+            # reduce_bucket_size, all_gather_dp_groups gathers allgather_bucket_size at a time
+            eng = recipe.engine
+            n = min(eng.reduce_bucket_size, t_numel)
             out.append(_line(
                 category=Category.COMMUNICATION, name="ZeRO reduce bucket",
                 bytes=math.ceil(n * gb), phases=(B,),
-                formula="reduce_bucket_size = 5e8 elements (DeepSpeed default)"))
+                formula=f"reduce_bucket_size = {eng.reduce_bucket_size:.3g} elements "
+                "(DeepSpeed stage_1_and_2.py reduce_ipg_grads)"))
             p_numel = sum(h.numel for h in stage.held)
             out.append(_line(
                 category=Category.COMMUNICATION, name="ZeRO all-gather bucket",
-                bytes=math.ceil(min(DS_REDUCE_BUCKET, p_numel) * cb), phases=(O,),
-                formula="allgather_bucket_size = 5e8 elements for the updated parameters "
-                "(DeepSpeed default)"))
+                bytes=math.ceil(min(eng.allgather_bucket_size, p_numel) * cb), phases=(O,),
+                formula=f"allgather_bucket_size = {eng.allgather_bucket_size:.3g} elements for "
+                "the updated parameters (DeepSpeed all_gather_dp_groups)"))
     return out
 
 
