@@ -116,14 +116,18 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
 
     # -- optimizer states and master weights ---------------------------------------------------
     # torch optimizers allocate states like the parameter: fp32 adapters get fp32 states.
+    # A torch optimizer (DDP, and FSDP1/FSDP2/torchtitan over their shards) creates them in
+    # the first step() (torch/optim/adam.py _init_group); DeepSpeed builds them at init
+    # (stage_1_and_2.py / stage3.py initialize_optimizer_states).
+    torch_opt = z == 0 or str(recipe.engine_kind) in ("fsdp1", "fsdp2", "torchtitan")
     adapter_state = "fp32" if dt.state == "fp32" else recipe.method.adapter_dtype
     add(Category.OPTIMIZER, f"{recipe.optimizer.kind} states",
         [(h, optimizer_state_bytes(h, recipe.optimizer.kind,
                                    adapter_state if h.adapter else dt.state))
          for h in trainable],
-        shard=z >= 1, pool=state_pool, lazy=z == 0,
+        shard=z >= 1, pool=state_pool, lazy=torch_opt,
         formula="see estimate/states.py:optimizer_state_bytes" + (
-            "; torch creates them inside the first optimizer.step()" if z == 0 else ""))
+            "; torch creates them inside the first optimizer.step()" if torch_opt else ""))
     if dt.master:
         add(Category.OPTIMIZER, "fp32 master weights", [(h, h.numel * 4.0) for h in base],
             shard=z >= 1, pool=state_pool,
