@@ -39,5 +39,18 @@ def test_deepspeed_bucket_knob_sizes_the_bucket(llama8b, h100):
     rank = estimate(llama8b, Recipe.of(precision="bf16-mixed", gpus=8, zero=2,
                                        engine="deepspeed", reduce_bucket_size=200_000_000),
                     h100).ranks[0]
-    bucket = next(i for i in rank.items if i.name == "ZeRO reduce bucket")
+    bucket = next(i for i in rank.phase_moment(Phase.BACKWARD).items
+                  if i.name == "ZeRO reduce bucket")
     assert bucket.bytes == 200_000_000 * 2
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_deepspeed_reduce_bucket_is_allocated_whole(llama8b, h100, overlap):
+    """setup_buckets allocates reduce_bucket_size elements even for a LoRA run's few million
+    trainable elements, twice under overlap_comm (stage_1_and_2.py)."""
+    rank = estimate(llama8b, Recipe.of(precision="bf16-mixed", gpus=8, zero=2, method="lora",
+                                       engine="deepspeed", overlap_comm=overlap),
+                    h100).ranks[0]
+    bucket = next(i for i in rank.phase_moment(Phase.BACKWARD).items
+                  if i.name == "ZeRO reduce bucket")
+    assert bucket.bytes == (2 if overlap else 1) * 500_000_000 * 2

@@ -175,12 +175,24 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
             # stage_1_and_2.py DeepSpeedZeroOptimizer.reduce_ipg_grads fills one bucket of
             # reduce_bucket_size, all_gather_dp_groups gathers allgather_bucket_size at a time
             eng = recipe.engine
-            n = min(eng.reduce_bucket_size, t_numel)
+            if eng.contiguous_gradients:
+                # setup_buckets: torch.empty(reduce_bucket_size) in the 16-bit gradient dtype,
+                # whatever the model's size, and a second one under overlap_comm ("double
+                # buffers to avoid data access conflict"), deepspeed/runtime/zero/
+                # stage_1_and_2.py DeepSpeedZeroOptimizer.setup_buckets (0.19.8)
+                k = 2 if eng.overlap_comm else 1
+                n, how = k * eng.reduce_bucket_size, (
+                    f"{k} x reduce_bucket_size = {eng.reduce_bucket_size:.3g} elements, "
+                    "allocated whole (contiguous_gradients"
+                    + (" + overlap_comm" if eng.overlap_comm else "")
+                    + "; DeepSpeed stage_1_and_2.py setup_buckets)")
+            else:
+                n, how = min(eng.reduce_bucket_size, t_numel), (
+                    f"reduce_bucket_size = {eng.reduce_bucket_size:.3g} elements of gradients "
+                    "flattened for the reduce (DeepSpeed stage_1_and_2.py reduce_ipg_grads)")
             out.append(_line(
                 category=Category.COMMUNICATION, name="ZeRO reduce bucket",
-                bytes=math.ceil(n * gb), phases=(B,),
-                formula=f"reduce_bucket_size = {eng.reduce_bucket_size:.3g} elements "
-                "(DeepSpeed stage_1_and_2.py reduce_ipg_grads)"))
+                bytes=math.ceil(n * gb), phases=(B,), formula=how))
             p_numel = sum(h.numel for h in stage.held)
             out.append(_line(
                 category=Category.COMMUNICATION, name="ZeRO all-gather bucket",
