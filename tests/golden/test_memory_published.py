@@ -258,18 +258,20 @@ def _reasons(row: dict[str, str]) -> list[str]:
     return out
 
 
-def _engine(row: dict[str, str]) -> str:
-    """The engine the row's source ran: FSDP rows name FSDP (fsdp2 where they say fully_shard
-    or FSDP2; the HF/accelerate FSDP docs of those rows are FSDP1), torchtitan rows are FSDP2
-    under torchtitan; other sharded rows are DeepSpeed (memplan's ``auto`` reading)."""
-    text = (row["source_ref"] + " " + row["notes"] + " " + row["source_group"]).lower()
+def _engine(row: dict[str, str]) -> str | None:
+    """The engine the row names (its notes), None when it names none (memplan assumes).
+
+    torchtune's 2024-04/05 distributed recipes wrap with FSDP1 ``FullyShardedDataParallel``
+    (recipes/lora_finetune_distributed.py at the cited commits); FSDP2 came with torchtune 0.3."""
+    notes = row["notes"]
     if int(row["zero_stage"] or 0) == 0:
-        return "auto"
-    if "titan" in text:
-        return "torchtitan"
-    if "fsdp" in text:
-        return "fsdp2" if ("fsdp2" in text or "fully_shard" in text) else "fsdp1"
-    return "auto"
+        return None
+    if "DeepSpeed" in notes:
+        return "deepspeed"
+    if "FSDP" in notes:
+        return "fsdp1" if row["source_group"].startswith(("torchtune-readme-2024", "peft")) \
+            else "fsdp2"
+    return None
 
 
 def _recipe(row: dict[str, str]) -> Recipe:
@@ -282,7 +284,7 @@ def _recipe(row: dict[str, str]) -> Recipe:
         grad_accum=_grad_accum(row["notes"]), checkpointing=row["checkpointing"],
         attention=row["attention"], gpus=int(row["num_gpus"]), zero=int(row["zero_stage"]),
         tp=int(row["tp"] or 1), pp=int(row["pp"] or 1), cp=int(row["cp"] or 1),
-        offload=row["offload"], engine=_engine(row),
+        offload=row["offload"],
     )
     if lora:
         kw.update(lora_rank=int(row["lora_rank"]),
@@ -291,6 +293,8 @@ def _recipe(row: dict[str, str]) -> Recipe:
                   adapter_dtype=ADAPTER_DTYPE.get(_framework(row["source_group"]), "fp32"))
     if method == "qlora":
         kw["quant"] = row["base_quant"]
+    if engine := _engine(row):
+        kw["engine"] = engine
     r = Recipe.of(**kw)
     dp_shard = int(row["dp_shard"] or 1)
     if r.parallelism.zero and dp_shard != r.parallelism.shard_degree:
@@ -490,17 +494,17 @@ validation/ground_truth_gpu.md has the long form)."""
 MISSES: dict[str, str] = {
     "GT002": "-32.3% vs the band top (19.51 published, 11.70-13.21 predicted). "
              + _FSDP1_INIT.format(unsharded="zero=0: 17.24-19.02 GiB, -2.5%"),
-    "GT005": "-27.5% vs the band top (21.33 published, 13.72-15.46 predicted at seq_len "
+    "GT005": "-17.7% vs the band top (21.33 published, 15.70-17.55 predicted at seq_len "
              "512). Same recipe generation as GT002 (FSDP1, full bf16 model per rank "
-             "at init is the likely cause; not verified). Part of it is an estimator gap: "
-             "estimate/optimizer_step.py drops torch AdamW's foreach sqrt(exp_avg_sq) copy for "
-             "every zero>=1 run (it assumes DeepSpeed FusedAdam), +3.1 GiB at this FSDP "
-             "optimizer step (peak 13.7 -> 15.7 GiB allocated), not enough to pass.",
+             "at init is the likely cause; not verified). With engine=fsdp1 memplan now counts "
+             "torch AdamW's foreach sqrt(exp_avg_sq) copy over the shard (3.1 GiB, the "
+             "optimizer step is the peak); it was -27.5% while every zero>=1 run was modelled "
+             "as DeepSpeed FusedAdam.",
     "GT010": "-21.6% vs the band top (22.44 published, 15.74-17.59 predicted). Unexplained: "
              "the value equals GT009's (another config, 1 GPU) whose reproduction measured "
              "20.2 GB (PR #961), so possibly a copied cell; FSDP1 multi-stream allocator slack "
-             "above memplan's 5 % and the missing foreach AdamW temporary (see GT005) are "
-             "candidates.",
+             "above memplan's 5 % is a candidate. The foreach AdamW copy (engine=fsdp1, see GT005) "
+             "is counted but the optimizer step is not this row's peak.",
     "GT138": "-35.3% vs the band top (19.60 published, 11.20-12.68 predicted). Cause not "
              "identified. The same non-state memory is missing in GT137/GT140 (same model, "
              "bs 2 x 2048, reentrant AC); published GT140 - GT138 = 16.0 GiB matches "

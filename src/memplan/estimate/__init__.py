@@ -22,7 +22,7 @@ from .activations import stage_points
 from .lines import Line
 from .optimizer_step import optimizer_step_items
 from .timeline import Instant, moments
-from ..facts import Dtypes, dtypes
+from ..facts import Dtypes, dtypes, state_dtypes
 
 __all__ = ["estimate"]
 
@@ -120,6 +120,7 @@ def _ranks(model: ModelSpec, recipe: Recipe, device: Device,
            memo: dict[object, object] | None = None) -> tuple[RankBreakdown, ...]:
     """One ``RankBreakdown`` per pipeline stage (the recipe is already checked)."""
     dt = dtypes(recipe)
+    sdt = state_dtypes(recipe)  # the engine's stored states (FSDP: fp32 shards, no master)
     on_cpu = recipe.platform.device == "cpu"
     ranks = []
     per_stage = recipe.parallelism.gpus // recipe.parallelism.pp

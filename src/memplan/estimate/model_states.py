@@ -136,14 +136,18 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
 
     # -- optimizer states and master weights ---------------------------------------------------
     # torch optimizers allocate states like the parameter: fp32 adapters get fp32 states.
+    # A torch optimizer (DDP, and FSDP1/FSDP2/torchtitan over their shards) creates them in
+    # the first step() (torch/optim/adam.py _init_group); DeepSpeed builds them at init
+    # (stage_1_and_2.py / stage3.py initialize_optimizer_states).
+    torch_opt = z == 0 or str(recipe.engine_kind) in ("fsdp1", "fsdp2", "torchtitan")
     adapter_state = "fp32" if dt.state == "fp32" else recipe.method.adapter_dtype
     add(Category.OPTIMIZER, f"{recipe.optimizer.kind} states",
         [(h, optimizer_state_bytes(h, recipe.optimizer.kind,
                                    adapter_state if h.adapter else dt.state))
          for h in trainable],
-        shard=z >= 1, pool=state_pool, lazy=z == 0,
+        shard=z >= 1, pool=state_pool, lazy=torch_opt,
         formula="see estimate/states.py:optimizer_state_bytes" + (
-            "; torch creates them inside the first optimizer.step()" if z == 0 else ""))
+            "; torch creates them inside the first optimizer.step()" if torch_opt else ""))
     if dt.master:
         add(Category.OPTIMIZER, "fp32 master weights", [(h, h.numel * 4.0) for h in base],
             shard=z >= 1, pool=state_pool,
@@ -180,9 +184,14 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
             "4/8-bit for a QLoRA base (FSDP limit_all_gathers keeps two units; PyTorch FSDP "
             "notes)"))
         if t_numel:
+            # FSDP computes the unit's gradients in param_dtype and reduce-scatters them in
+            # reduce_dtype (default: param_dtype), casting only the shard to fp32
+            # (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce);
+            # DeepSpeed's 16-bit model has 16-bit gradients already (gb).
+            ub = cb if str(recipe.engine_kind) in ("fsdp1", "fsdp2", "torchtitan") else gb
             out.append(_line(
                 category=Category.COMMUNICATION, name="unsharded gradients of one unit",
-                bytes=math.ceil(min(unit, t_numel) * gb), phases=(B,),
+                bytes=math.ceil(min(unit, t_numel) * ub), phases=(B,),
                 formula="reduce-scatter input of the unit in backward (PyTorch FSDP notes)"))
     elif recipe.parallelism.dp > 1 and t_numel:
         if recipe.parallelism.zero == 0:
@@ -192,25 +201,34 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
                 formula="gradient_as_bucket_view=False (default) keeps a second full copy of the "
                 "gradients in buckets (torch DistributedDataParallel docstring)"))
         else:
-            e = recipe.engine
-            if e.contiguous_gradients:
-                n = e.reduce_bucket_size * (2 if e.overlap_comm else 1)
-                why = ("contiguous_gradients: DeepSpeed allocates the whole bucket, whatever the "
-                       "model's size, two with overlap_comm (stage_1_and_2.py setup_buckets, "
-                       "0.19.8); measured by memplan validate --nproc 2")
+            # the recipe's DeepSpeed knobs (defaults = DeepSpeedZeroConfig's 5e8 elements);
+            # stage_1_and_2.py DeepSpeedZeroOptimizer.reduce_ipg_grads fills one bucket of
+            # reduce_bucket_size, all_gather_dp_groups gathers allgather_bucket_size at a time
+            eng = recipe.engine
+            if eng.contiguous_gradients:
+                # setup_buckets: torch.empty(reduce_bucket_size) in the 16-bit gradient dtype,
+                # whatever the model's size, and a second one under overlap_comm ("double
+                # buffers to avoid data access conflict"), deepspeed/runtime/zero/
+                # stage_1_and_2.py DeepSpeedZeroOptimizer.setup_buckets (0.19.8)
+                k = 2 if eng.overlap_comm else 1
+                n, how = k * eng.reduce_bucket_size, (
+                    f"{k} x reduce_bucket_size = {eng.reduce_bucket_size:.3g} elements, "
+                    "allocated whole (contiguous_gradients"
+                    + (" + overlap_comm" if eng.overlap_comm else "")
+                    + "; DeepSpeed stage_1_and_2.py setup_buckets)")
             else:
-                n, why = min(e.reduce_bucket_size, t_numel), "at most the trainable elements"
+                n, how = min(eng.reduce_bucket_size, t_numel), (
+                    f"reduce_bucket_size = {eng.reduce_bucket_size:.3g} elements of gradients "
+                    "flattened for the reduce (DeepSpeed stage_1_and_2.py reduce_ipg_grads)")
             out.append(_line(
                 category=Category.COMMUNICATION, name="ZeRO reduce bucket",
-                bytes=math.ceil(n * gb), phases=(B,),
-                formula=f"reduce_bucket_size = {e.reduce_bucket_size:,} elements (DeepSpeed "
-                f"default 5e8); {why}"))
+                bytes=math.ceil(n * gb), phases=(B,), formula=how))
             p_numel = sum(h.numel for h in stage.held)
             out.append(_line(
                 category=Category.COMMUNICATION, name="ZeRO all-gather bucket",
-                bytes=math.ceil(min(e.allgather_bucket_size, p_numel) * cb), phases=(O,),
-                formula=f"allgather_bucket_size = {e.allgather_bucket_size:,} elements for the "
-                "updated parameters (DeepSpeed default 5e8)"))
+                bytes=math.ceil(min(eng.allgather_bucket_size, p_numel) * cb), phases=(O,),
+                formula=f"allgather_bucket_size = {eng.allgather_bucket_size:.3g} elements for "
+                "the updated parameters (DeepSpeed all_gather_dp_groups)"))
     return out
 
 

@@ -6,7 +6,12 @@ torch's Adam/AdamW pick an implementation by device (``_default_to_fused_or_fore
 with ``exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)``, a full-size copy of the second
 moments of every parameter in the group; on CPU the *single-tensor* path, which per parameter
 allocates ``exp_avg_sq.sqrt()`` and ``/ bias_correction2_sqrt`` (two tensors of that parameter's
-size) before ``addcdiv_``. DeepSpeed ZeRO steps with its fused Adam kernels (no temporaries).
+size) before ``addcdiv_``. DeepSpeed ZeRO steps with its fused Adam kernels (no temporaries;
+``deepspeed/runtime/zero/stage3.py`` / ``stage_1_and_2.py`` build ``FusedAdam``), and so does
+Megatron-Core (``megatron/core/optimizer/__init__.py`` ``_get_megatron_optimizer_based_on_param_groups``
+uses TE/Apex ``FusedAdam``). FSDP1/FSDP2/torchtitan step a plain ``torch.optim.AdamW`` over
+the local shards (FSDP2: DTensor shards, which the foreach path accepts), so the foreach copy
+exists on the shard: 1/N of it per rank.
 SGD updates in place; Lion (lion-pytorch) builds ``update`` from ``exp_avg.clone()`` and one
 more temporary per parameter; Adafactor's factored update allocates about three
 parameter-sized temporaries per tensor (``transformers.optimization.Adafactor``); the
@@ -33,8 +38,9 @@ def optimizer_step_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]
     facts = optimizer_facts(opt)
     out = []
     shard = recipe.parallelism.shard_degree if recipe.parallelism.zero >= 1 else 1
-    if recipe.parallelism.zero >= 1 and facts.fused_under_zero:
-        pass  # DeepSpeed FusedAdam / cpu_adam: no temporaries
+    fused_engine = str(recipe.engine_kind) in ("deepspeed", "megatron")
+    if recipe.parallelism.zero >= 1 and facts.fused_under_zero and fused_engine:
+        pass  # DeepSpeed FusedAdam / cpu_adam, Megatron TE FusedAdam: no temporaries
     elif recipe.platform.device == "cuda" and facts.foreach_copy:
         n = sum(h.numel for h in trainable) // shard
         out.append(Item(category=Category.TEMPORARY, name="foreach Adam sqrt(exp_avg_sq) copy",

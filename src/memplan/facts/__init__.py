@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import ConfigError, did_you_mean
 from ..recipe import Recipe
 
-__all__ = ["Dtypes", "dtypes", "OptimizerFacts", "optimizer_facts", "optimizer_table"]
+__all__ = ["Dtypes", "dtypes", "state_dtypes", "OptimizerFacts", "optimizer_facts", "optimizer_table"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -103,6 +103,16 @@ def _dtype_rows() -> dict[tuple[str, str], Dtypes]:
         frozen=r["frozen"], compute=r["compute"]) for r in _table()["dtypes"]}
 
 
+_TORCH_SHARDED = ("fsdp1", "fsdp2", "torchtitan")
+"""Engines that shard the model's own (fp32) parameters and cast in their all-gather, so they
+keep the ``zero = "0"`` (PyTorch AMP) dtypes at every stage: FSDP2 ``MixedPrecisionPolicy``
+casts the sharded parameter to ``param_dtype`` for the all-gather only and the sharded gradient
+back to the parameter's dtype (torch/distributed/fsdp/_fully_shard/_fsdp_param.py
+``FSDPParam.init_dtype_attrs``, ``_fsdp_collectives.py`` ``foreach_reduce``); FSDP1 does the
+same on its ``FlatParameter`` (``_flat_param.py`` ``_use_low_precision_shard``). No separate
+fp32 master copy exists."""
+
+
 def dtypes(recipe: Recipe) -> Dtypes:
     """The dtype of every model state under ``recipe`` (see the module table).
 
@@ -119,3 +129,19 @@ def dtypes(recipe: Recipe) -> Dtypes:
     if recipe.precision.grad_dtype == "fp32":
         d = replace(d, grad="fp32")
     return d
+
+
+def state_dtypes(recipe: Recipe) -> Dtypes:
+    """The dtypes of the stored model states (parameters, gradients, master) under the
+    recipe's engine: FSDP1/FSDP2/torchtitan keep the model's fp32 parameters sharded, with
+    fp32 sharded gradients and no master copy, at every ZeRO stage (``_TORCH_SHARDED``).
+    The compute dtype, and so the activations, are ``dtypes(recipe)``'s: the gathered
+    parameters are ``param_dtype`` (bf16) as with DeepSpeed's 16-bit model."""
+    d = dtypes(recipe)
+    if str(recipe.engine_kind) not in _TORCH_SHARDED or recipe.parallelism.zero == 0:
+        return d
+    amp = _dtype_rows().get((str(recipe.precision.kind), "0"))
+    if amp is None:  # a precision with one row for every stage ("any")
+        return d
+    grad = "fp32" if recipe.precision.grad_dtype == "fp32" else amp.grad
+    return replace(d, param=amp.param, grad=grad, state=amp.state, master=amp.master)

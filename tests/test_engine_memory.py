@@ -1,0 +1,56 @@
+"""The engine part changes the model-state numbers (issue #11 item 1): FSDP keeps fp32 sharded
+parameters and steps torch AdamW (foreach copy over the shard); DeepSpeed keeps 16-bit
+parameters + an fp32 master and steps FusedAdam (no copy, an fp32 gradient partition)."""
+
+from __future__ import annotations
+
+import pytest
+
+from memplan import Phase, Recipe, estimate
+
+
+def _items(model, device, **kw) -> dict[str, int]:
+    rank = estimate(model, Recipe.of(precision="bf16-mixed", gpus=8, zero=3, **kw),
+                    device).ranks[0]
+    seen = [m for p in (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
+            for m in (rank.phase_moment(p),)]
+    return {i.name: i.bytes for m in seen for i in m.items}
+
+
+@pytest.mark.parametrize("engine", ["fsdp2", "fsdp1", "torchtitan"])
+def test_fsdp_keeps_fp32_shards_and_the_foreach_copy(llama8b, h100, engine):
+    fsdp = _items(llama8b, h100, engine=engine)
+    ds = _items(llama8b, h100, engine="deepspeed")
+    n = llama8b.num_params
+    assert "fp32 master weights" in ds and "fp32 master weights" not in fsdp
+    assert fsdp["trainable parameters (fp32)"] == pytest.approx(4 * n / 8, rel=0.01)
+    assert ds["trainable parameters (bf16)"] == pytest.approx(2 * n / 8, rel=0.01)
+    assert fsdp["foreach Adam sqrt(exp_avg_sq) copy"] == pytest.approx(4 * n / 8, rel=0.01)
+    assert "foreach Adam sqrt(exp_avg_sq) copy" not in ds
+    assert "fp32 gradient partition (optimizer step)" in ds
+    assert "fp32 gradient partition (optimizer step)" not in fsdp
+
+
+def test_auto_is_deepspeed_at_zero(llama8b, h100):
+    assert _items(llama8b, h100) == _items(llama8b, h100, engine="deepspeed")
+
+
+def test_deepspeed_bucket_knob_sizes_the_bucket(llama8b, h100):
+    rank = estimate(llama8b, Recipe.of(precision="bf16-mixed", gpus=8, zero=2,
+                                       engine="deepspeed", reduce_bucket_size=200_000_000),
+                    h100).ranks[0]
+    bucket = next(i for i in rank.phase_moment(Phase.BACKWARD).items
+                  if i.name == "ZeRO reduce bucket")
+    assert bucket.bytes == 200_000_000 * 2
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_deepspeed_reduce_bucket_is_allocated_whole(llama8b, h100, overlap):
+    """setup_buckets allocates reduce_bucket_size elements even for a LoRA run's few million
+    trainable elements, twice under overlap_comm (stage_1_and_2.py)."""
+    rank = estimate(llama8b, Recipe.of(precision="bf16-mixed", gpus=8, zero=2, method="lora",
+                                       engine="deepspeed", overlap_comm=overlap),
+                    h100).ranks[0]
+    bucket = next(i for i in rank.phase_moment(Phase.BACKWARD).items
+                  if i.name == "ZeRO reduce bucket")
+    assert bucket.bytes == (2 if overlap else 1) * 500_000_000 * 2
