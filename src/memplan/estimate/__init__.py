@@ -21,6 +21,7 @@ from .activations import stage_points
 from .lines import Line
 from .optimizer_step import optimizer_step_items
 from .timeline import Instant, moments
+from .warnings import recipe_warnings
 from ..facts import Dtypes, dtypes
 
 __all__ = ["estimate"]
@@ -141,7 +142,8 @@ def estimate(model: ModelSpec, recipe: Recipe, device: Device, *,
         model=ModelInfo(id=model.id, model_type=model.model_type, params=model.num_params,
                         trainable_params=_trainable(model, recipe),
                         params_by_component=model.params_by_component(),
-                        layers=model.num_layers, source=model.source, notes=model.notes),
+                        layers=model.num_layers, source=model.source,
+                        notes=tuple(model.notes or ()) + recipe_warnings(model, recipe, device)),
         recipe=recipe.to_dict(),
         device=device.info(),
         ranks=ranks,

@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import UnsupportedModel, did_you_mean
 from . import classic, decoders
 from ._build import Config
+from .sanity import check_sizes
 from .spec import ModelSpec, Tensor
 from .traits import traits_for
 
@@ -117,6 +118,7 @@ def from_hf_config(data: dict[str, Any], model_id: str, *, where: str = "config.
             "For any other architecture pass a Python factory as MODEL "
             "('package.module:function' returning an nn.Module); memplan builds it on the meta device."
         )
+    check_sizes(data, where)
     spec = BUILDERS[mt](Config(data, where), model_id)
     config = with_class_defaults(spec.config if spec.config is not None else dict(data))
     first = next((ly.attention for ly in spec.layers if ly.attention), None)
