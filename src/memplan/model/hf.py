@@ -111,7 +111,7 @@ def from_hf_config(data: dict[str, Any], model_id: str, *, where: str = "config.
         ModelConfigError: a key the builder needs is missing or malformed.
     """
     mt = data.get("model_type")
-    if mt not in BUILDERS:
+    if not isinstance(mt, str) or mt not in BUILDERS:
         raise UnsupportedModel(
             f"{where}: model_type {mt!r} is not supported yet. Supported: "
             f"{', '.join(sorted(BUILDERS))}.{did_you_mean(str(mt), BUILDERS)} "

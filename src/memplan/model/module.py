@@ -103,8 +103,8 @@ def spec_from_module(module: Any, model_id: str) -> ModelSpec:
                      source=f"module {model_id} (built on the meta device)")
 
 
-def from_factory(ref: str) -> ModelSpec:
-    """Import ``package.module:function``, call it under the meta device, describe the result."""
+def check_factory_ref(ref: str) -> None:
+    """Refuse a MODEL that looks like a factory but is not ``package.module:function``."""
     mod_name, _, fn_name = ref.partition(":")
     if not (mod_name and fn_name and all(part.isidentifier() for part in mod_name.split("."))
             and fn_name.isidentifier()):
@@ -113,6 +113,12 @@ def from_factory(ref: str) -> ModelSpec:
             "'package.module:function' (Python identifiers on both sides of one ':'). Fix: pass "
             "a catalog id, a Hub id (org/name), a path to a config.json, or e.g. "
             "'mypkg.models:build_model'.")
+
+
+def from_factory(ref: str) -> ModelSpec:
+    """Import ``package.module:function``, call it under the meta device, describe the result."""
+    check_factory_ref(ref)
+    mod_name, _, fn_name = ref.partition(":")
     try:
         import torch
     except ImportError:

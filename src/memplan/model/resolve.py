@@ -29,6 +29,9 @@ def read_config_json(path: Path) -> dict[str, Any]:
         text = path.read_text()
     except OSError as e:
         raise ModelConfigError(f"cannot read {path}: {e.strerror}.") from None
+    except UnicodeDecodeError as e:
+        raise ModelConfigError(f"{path}: not UTF-8 text (byte {e.start}); expected a Hugging "
+                               "Face config.json object.") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
