@@ -52,7 +52,10 @@ NO_TORCH_AT_IMPORT = ("errors", "units", "results", "facts", "model", "hardware"
 """Packages that must not import torch at module level (``memplan estimate`` starts fast)."""
 
 MAX_LINES = 420
-TOO_LONG_ALLOWED: dict[str, str] = {}
+TOO_LONG_ALLOWED: dict[str, str] = {
+    "cli.py": "426 lines after the bad-input checks of measure and trace (issue #15): move "
+              "measure and trace into cli_measure.py / cli_trace.py like cli_export.py",
+}
 
 
 def _unit(path: Path) -> tuple[str, list[str]]:

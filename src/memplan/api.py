@@ -119,7 +119,8 @@ def estimate_from_names(model: str | ModelSpec, recipe: Recipe, machine: Machine
     if recipe.platform.device == "cpu":
         return estimate(spec, recipe, cpu_device(machine.host_memory_bytes),
                         search_micro_batch=search_micro_batch)
-    device = get_device(machine.gpu or (preset.gpu if preset else "H100-80GB"))
+    device = get_device(machine.gpu if machine.gpu is not None
+                        else (preset.gpu if preset else "H100-80GB"))
     hw = node_hardware(
         device, recipe.parallelism.local_gpus, preset,
         host_ram_bytes=parse_size(machine.host_ram, "--host-ram") if machine.host_ram else None,

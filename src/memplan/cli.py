@@ -150,6 +150,9 @@ def trace(
     """Run the real model code for two training steps under fake tensors (no memory used) and
     count every storage: the same result as `estimate`, plus which module holds what."""
     _check_format(format)
+    if modules < 0:
+        _fail(f"--modules={modules} must be a whole number >= 0 (rows of the per-module table; "
+              "0 shows none).")
 
     def run() -> Any:
         from . import api
@@ -277,6 +280,11 @@ def measure(
     rank under torchrun) writes a report in the estimate's JSON schema and a timeline PNG."""
     _check_format(format)
     cmd = list(ctx.args)
+    if not cmd:
+        _fail("no command to measure. Usage: memplan measure [OPTIONS] -- python train.py ...")
+    from .measure.precheck import check_measure_inputs
+
+    expected = _guard(lambda: check_measure_inputs(cmd, out, against, interval))
 
     def run() -> Any:
         from .measure.cli_run import run_measured
@@ -287,11 +295,9 @@ def measure(
     rows = None
     if against is not None:
         def compare() -> Any:
-            from .breakdown import Breakdown
             from .measure.aggregate import compare as cmp
-            from .measure.cli_run import read_json
 
-            return cmp(report.breakdown, Breakdown.from_dict(read_json(against)))
+            return cmp(report.breakdown, expected)
 
         rows = _guard(compare)
     from .measure.aggregate import NO_PLOT, plot_available

@@ -128,7 +128,7 @@ def apply_hardware_options(gpu: str | None, *, hardware: Path | None, gpu_memory
     if gpu_memory is None and not gpu_set:
         return gpu, node
     preset = get_node(node) if node else None
-    dev = custom_gpu(gpu or (preset.gpu if preset else default), gpu_memory=gpu_memory,
+    dev = custom_gpu(gpu if gpu is not None else (preset.gpu if preset else default), gpu_memory=gpu_memory,
                      gpu_set=gpu_set or ())
     if preset is None or (gpu is not None and get_device(gpu).name != preset.gpu):
         return dev.name, node  # a --gpu that differs from the node's: node_hardware says so

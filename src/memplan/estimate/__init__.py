@@ -22,6 +22,7 @@ from .activations import stage_points
 from .lines import Line
 from .optimizer_step import optimizer_step_items
 from .timeline import Instant, moments
+from .warnings import recipe_warnings
 from ..facts import Dtypes, dtypes, state_dtypes
 
 __all__ = ["estimate"]
@@ -157,7 +158,8 @@ def estimate(model: ModelSpec, recipe: Recipe, device: Device, *,
         model=ModelInfo(id=model.id, model_type=model.model_type, params=model.num_params,
                         trainable_params=_trainable(model, recipe, memo),
                         params_by_component=_by_component(model, memo),
-                        layers=model.num_layers, source=model.source, notes=model.notes),
+                        layers=model.num_layers, source=model.source,
+                        notes=tuple(model.notes or ()) + recipe_warnings(model, recipe, device)),
         recipe=recipe.to_dict(),
         device=device.info(),
         ranks=ranks,

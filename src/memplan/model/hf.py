@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import UnsupportedModel, did_you_mean
 from . import classic, decoders, ln_decoders
 from ._build import Config
+from .sanity import check_sizes
 from .spec import ModelSpec, Tensor
 from .traits import traits_for
 
@@ -114,13 +115,14 @@ def from_hf_config(data: dict[str, Any], model_id: str, *, where: str = "config.
         ModelConfigError: a key the builder needs is missing or malformed.
     """
     mt = data.get("model_type")
-    if mt not in BUILDERS:
+    if not isinstance(mt, str) or mt not in BUILDERS:
         raise UnsupportedModel(
             f"{where}: model_type {mt!r} is not supported yet. Supported: "
             f"{', '.join(sorted(BUILDERS))}.{did_you_mean(str(mt), BUILDERS)} "
             "For any other architecture pass a Python factory as MODEL "
             "('package.module:function' returning an nn.Module); memplan builds it on the meta device."
         )
+    check_sizes(data, where)
     spec = BUILDERS[mt](Config(data, where), model_id)
     config = with_class_defaults(spec.config if spec.config is not None else dict(data))
     first = next((ly.attention for ly in spec.layers if ly.attention), None)

@@ -103,8 +103,21 @@ def spec_from_module(module: Any, model_id: str) -> ModelSpec:
                      source=f"module {model_id} (built on the meta device)")
 
 
+def check_factory_ref(ref: str) -> None:
+    """Refuse a MODEL that looks like a factory but is not ``package.module:function``."""
+    mod_name, _, fn_name = ref.partition(":")
+    if not (mod_name and fn_name and all(part.isidentifier() for part in mod_name.split("."))
+            and fn_name.isidentifier()):
+        raise ModelConfigError(
+            f"{ref[:80]!r} is not a model factory reference: it must be "
+            "'package.module:function' (Python identifiers on both sides of one ':'). Fix: pass "
+            "a catalog id, a Hub id (org/name), a path to a config.json, or e.g. "
+            "'mypkg.models:build_model'.")
+
+
 def from_factory(ref: str) -> ModelSpec:
     """Import ``package.module:function``, call it under the meta device, describe the result."""
+    check_factory_ref(ref)
     mod_name, _, fn_name = ref.partition(":")
     try:
         import torch
@@ -126,8 +139,14 @@ def from_factory(ref: str) -> ModelSpec:
         raise ModelConfigError(
             f"{ref}: module {mod_name!r} has no function {fn_name!r}.{did_you_mean(fn_name, names)}"
         )
-    with torch.device("meta"):
-        model = fn()
+    try:
+        with torch.device("meta"):
+            model = fn()
+    except Exception as e:  # noqa: BLE001 - the user's factory: report it, never a traceback
+        raise ModelConfigError(
+            f"{ref}: calling {fn_name}() failed with {type(e).__name__}: {e}. Fix: MODEL's "
+            "factory must take no arguments and return a torch.nn.Module."
+        ) from None
     if not isinstance(model, torch.nn.Module):
         raise ModelConfigError(
             f"{ref}: {fn_name}() returned {type(model).__name__}, expected a torch.nn.Module."

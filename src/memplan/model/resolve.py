@@ -29,6 +29,9 @@ def read_config_json(path: Path) -> dict[str, Any]:
         text = path.read_text()
     except OSError as e:
         raise ModelConfigError(f"cannot read {path}: {e.strerror}.") from None
+    except UnicodeDecodeError as e:
+        raise ModelConfigError(f"{path}: not UTF-8 text (byte {e.start}); expected a Hugging "
+                               "Face config.json object.") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -111,23 +114,50 @@ def _looks_like_repo_id(name: str) -> bool:
     return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
 
 
+MAX_NAME = 1024  # longer than any path or Hub id users pass (PATH_MAX is 4096, a name 255)
+
+
+def check_name(name: str) -> None:
+    """Refuse a MODEL argument no lookup can mean: empty, over ``MAX_NAME`` characters, or
+    holding control characters (issue #15: these crashed with OSError/ValueError)."""
+    bad = ("is empty" if not name.strip() else
+           f"is {len(name):,} characters long (at most {MAX_NAME:,})" if len(name) > MAX_NAME else
+           "holds control characters" if any(ord(c) < 32 or c == "\x7f" for c in name) else "")
+    if bad:
+        raise ModelConfigError(
+            f"MODEL {name[:60]!r}{'...' if len(name) > 60 else ''} {bad}. Fix: pass a catalog "
+            "id (`memplan models --search TEXT`), a Hub id (org/name), a path to a config.json "
+            "or model directory, or a 'package.module:function' factory.")
+
+
 def find_config(name: str) -> tuple[dict[str, Any], str] | None:
     """The config.json dict behind ``name`` and where it came from, by the same lookup as
     ``load_model`` (catalog, file or directory, HF cache, Hub); None for anything else (a
     ``module:function`` factory, or nothing found: ``load_model`` raises the helpful error)."""
+    if not name.strip() or len(name) > MAX_NAME:
+        return None
     entry = find(name)
     if entry is not None:
-        return entry.config(), f"catalog:{entry.file}"
+        return _checked(entry.config(), f"catalog:{entry.file}")
     path = Path(name).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         path = path / "config.json"
     if path.is_file():
-        return read_config_json(path), str(path)
+        return _checked(read_config_json(path), str(path))
     if ":" not in name and _looks_like_repo_id(name):
         found = _from_hf_cache(name) or _from_hub(name)
         if found is not None:
-            return read_config_json(found), str(found)
+            return _checked(read_config_json(found), str(found))
     return None
+
+
+def _checked(data: dict[str, Any], where: str) -> tuple[dict[str, Any], str]:
+    """The config's sizes checked (``sanity.check_sizes``) before the tracer hands them to
+    transformers, whose own errors are tracebacks."""
+    from .sanity import check_sizes
+
+    check_sizes(data, where)
+    return data, where
 
 
 def load_model(name: str) -> ModelSpec:
@@ -138,6 +168,7 @@ def load_model(name: str) -> ModelSpec:
             to supply a config.
         ModelConfigError / UnsupportedModel: the config was found but cannot be described.
     """
+    check_name(name)
     entry = find(name)
     if entry is not None:
         return from_hf_config(entry.config(), entry.id, where=f"catalog:{entry.file}",

@@ -120,6 +120,12 @@ class Recipe:
             p.add(f"quant={m.quant} only applies to method=qlora: quantized base weights are "
                   "frozen, so full/freeze training cannot update them. Use method=qlora or "
                   "quant=none.")
+        gpn = par.gpus_per_node
+        if gpn and par.gpus > gpn and par.gpus % gpn:
+            p.add(f"gpus={par.gpus} is not a whole number of nodes of gpus_per_node={gpn}; "
+                  f"memplan will not silently run {-(-par.gpus // gpn)} nodes. Use gpus="
+                  f"{par.gpus // gpn * gpn} or {-(-par.gpus // gpn) * gpn}, or change "
+                  "gpus_per_node.")
         model_parallel = par.tp * par.pp * par.cp
         if par.gpus % model_parallel:
             p.add(f"gpus={par.gpus} is not divisible by tp*pp*cp={model_parallel}; "

@@ -8,6 +8,7 @@ equals one built in Python.
 
 from __future__ import annotations
 
+import math
 import typing
 from dataclasses import fields
 from enum import StrEnum
@@ -70,6 +71,9 @@ def _check(p: Problems, key: str, kind: Any, value: Any, meta: Any) -> Any:
         if not ok or isinstance(value, bool):
             what = "a whole number" if kind is int else "a number"
             p.add(f"{key}={value!r} must be {what}{_bounds_text(meta)}.")
+            return value
+        if isinstance(value, float) and not math.isfinite(value):
+            p.add(f"{key}={value!r} must be a finite number{_bounds_text(meta)}.")
             return value
         lo, hi = meta.get("min"), meta.get("max")
         if (lo is not None and value < lo) or (hi is not None and value > hi):

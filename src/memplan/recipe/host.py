@@ -83,6 +83,11 @@ class HostSetup:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 p.add(f"host.{name}={value!r} must be a whole number >= 0.")
         p.positive("prefetch", self.prefetch)
+        for name in ("init_copy", "pin_memory", "tokenize", "async_save", "save_optimizer",
+                     "pinned", "pinned_rounding"):
+            if not isinstance(getattr(self, name), bool):
+                p.add(f"host.{name}={getattr(self, name)!r} must be true or false (TOML "
+                      f"booleans are unquoted: {name} = true).")
         if self.dataset in ("in-ram", "python-objects") and self.dataset_bytes == 0:
             p.add(f"host.dataset={self.dataset} needs dataset_bytes (the dataset's size in RAM "
                   "per rank, e.g. 20000000000), or use dataset=mmap.")

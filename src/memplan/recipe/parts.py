@@ -159,7 +159,7 @@ class Method:
     ``prompt-tuning`` / ``prefix-tuning`` (``virtual_tokens``), ``ln-tuning`` (norms train),
     ``bitfit`` (biases train), ``adapter`` (any method with ``adapter_params`` trainable
     parameters)."""
-    lora_rank: int = field(default=16, metadata={"min": 1})
+    lora_rank: int = field(default=16, metadata={"min": 1, "max": 65536})
     """LoRA rank r: each adapted linear (out x in) gains r x (in + out) trainable parameters."""
     lora_alpha: int = 32
     """LoRA scaling numerator; recorded for completeness, it does not change memory."""
@@ -192,11 +192,11 @@ class Batch:
     """The shape of the data one GPU sees per step (the global batch is derived:
     ``Recipe.global_batch``)."""
 
-    micro_batch: int = field(default=1, metadata={"min": 1})
+    micro_batch: int = field(default=1, metadata={"min": 1, "max": 1_000_000})
     """Sequences per GPU per forward/backward."""
-    seq_len: int = field(default=2048, metadata={"min": 1})
+    seq_len: int = field(default=2048, metadata={"min": 1, "max": 1 << 27})
     """Tokens per sequence."""
-    grad_accum: int = field(default=1, metadata={"min": 1})
+    grad_accum: int = field(default=1, metadata={"min": 1, "max": 1_000_000})
     """Micro-batches accumulated before each optimizer step."""
 
     def __post_init__(self) -> None:
@@ -208,7 +208,7 @@ class Parallelism:
     """How the job is split over GPUs. The data-parallel size is derived:
     ``gpus / (tp * pp * cp)``."""
 
-    gpus: int = field(default=1, metadata={"min": 1})
+    gpus: int = field(default=1, metadata={"min": 1, "max": 1_000_000})
     """GPUs in the job (world size)."""
     gpus_per_node: int = field(default=0, metadata={"min": 0})
     """GPUs per node; 0 means min(gpus, 8) (or the --node preset's count)."""
@@ -235,7 +235,7 @@ class Parallelism:
     """Context-parallel degree (sequence split across ranks for attention)."""
     ep: int = field(default=1, metadata={"min": 1})
     """Expert-parallel degree (MoE experts split across ranks)."""
-    moe_capacity_factor: float = field(default=0.0, metadata={"min": 0})
+    moe_capacity_factor: float = field(default=0.0, metadata={"min": 0, "max": 1024})
     """MoE expert capacity as a multiple of the balanced share ``tokens x top_k / experts``,
     inputs padded to it (GShard; Megatron ``--moe-expert-capacity-factor`` with
     ``--moe-pad-expert-input-to-capacity``). 0: dropless, every routed token once."""

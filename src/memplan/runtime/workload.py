@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError, ModelConfigError, Problems, TraceError, did_you_mean
-from ..model.resolve import find_config
+from ..model.resolve import check_name, find_config
 from ..facts import optimizer_facts
 from ..recipe import Recipe
 from ..results import ModelInfo
@@ -163,6 +163,9 @@ def _hf_model(config: dict[str, Any], recipe: Recipe, where: str) -> Any:
 
 
 def _factory_model(ref: str) -> Any:
+    from ..model.module import check_factory_ref
+
+    check_factory_ref(ref)
     mod_name, _, fn_name = ref.partition(":")
     try:
         mod = importlib.import_module(mod_name)
@@ -174,7 +177,12 @@ def _factory_model(ref: str) -> Any:
         names = [n for n in dir(mod) if not n.startswith("_")]
         raise ModelConfigError(f"{ref}: module {mod_name!r} has no function {fn_name!r}."
                                f"{did_you_mean(fn_name, names)}")
-    return fn()
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - the user's factory: report it, never a traceback
+        raise ModelConfigError(f"{ref}: calling {fn_name}() failed with {type(e).__name__}: "
+                               f"{e}. Fix: MODEL's factory must take no arguments and return a "
+                               "torch.nn.Module.") from None
 
 
 def _vocab(model: Any, torch: Any) -> int:
@@ -295,6 +303,7 @@ def build_model(model_ref: str, recipe: Recipe, *, device: str, seed: int = 0) -
     import torch
 
     torch.manual_seed(seed)
+    check_name(model_ref)
     found = find_config(model_ref)
     with torch.device(device):
         if found is not None:
