@@ -28,17 +28,17 @@ Everything else must keep its single-rank default; ``check_traceable`` says why 
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError, ModelConfigError, Problems, TraceError, did_you_mean
+from ..errors import ConfigError, ModelConfigError, Problems, TraceError
 from ..model.resolve import check_name, find_config
 from ..facts import optimizer_facts
 from ..recipe import Recipe
 from ..results import ModelInfo
 from ..model.peft_targets import target_modules
+from .factory import factory_model
 from .peft_methods import PEFT_METHODS, apply_method
 
 __all__ = ["Built", "Workload", "check_traceable", "build_model", "materialize", "build_workload",
@@ -160,29 +160,6 @@ def _hf_model(config: dict[str, Any], recipe: Recipe, where: str) -> Any:
         # trace it
         cfg._experts_implementation = "eager"
     return cls(cfg)
-
-
-def _factory_model(ref: str) -> Any:
-    from ..model.module import check_factory_ref
-
-    check_factory_ref(ref)
-    mod_name, _, fn_name = ref.partition(":")
-    try:
-        mod = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise ModelConfigError(f"{ref}: cannot import module {mod_name!r} ({e}). Fix: put it "
-                               "on PYTHONPATH.") from None
-    fn = getattr(mod, fn_name, None)
-    if not callable(fn):
-        names = [n for n in dir(mod) if not n.startswith("_")]
-        raise ModelConfigError(f"{ref}: module {mod_name!r} has no function {fn_name!r}."
-                               f"{did_you_mean(fn_name, names)}")
-    try:
-        return fn()
-    except Exception as e:  # noqa: BLE001 - the user's factory: report it, never a traceback
-        raise ModelConfigError(f"{ref}: calling {fn_name}() failed with {type(e).__name__}: "
-                               f"{e}. Fix: MODEL's factory must take no arguments and return a "
-                               "torch.nn.Module.") from None
 
 
 def _vocab(model: Any, torch: Any) -> int:
@@ -310,7 +287,7 @@ def build_model(model_ref: str, recipe: Recipe, *, device: str, seed: int = 0) -
             model = _hf_model(found[0], recipe, found[1])
             source = found[1]
         elif ":" in model_ref:
-            model = _factory_model(model_ref)
+            model = factory_model(model_ref)
             source = f"module {model_ref}"
         else:
             from ..model import load_model
