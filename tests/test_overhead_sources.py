@@ -23,9 +23,13 @@ UNIT_BYTES = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20}
 
 
 def _constant(ref: str) -> float:
-    """``module:NAME``, ``module:NAME[key]``, ``module:cublas_workspace_bytes(GPU)`` or
-    ``module:constant(KEY)`` (a row of memplan's facts tables)."""
+    """``module:NAME``, ``module:NAME[key]``, ``module:cublas_workspace_bytes(GPU)``,
+    ``module:constant(KEY)`` (a row of memplan's facts tables) or ``module:Part().field`` (a
+    recipe part's default)."""
     module, name = ref.split(":")
+    if "()." in name:
+        part, field = name.split("().")
+        return getattr(getattr(importlib.import_module(module), part)(), field)
     if name.startswith("constant("):
         return importlib.import_module(module).constant(name[len("constant("):-1])
     if name.startswith("cublas_workspace_bytes("):
