@@ -59,7 +59,10 @@ def main() -> None:
            "param_elements": sum(getattr(p, "ds_numel", p.numel()) for p in params),
            "param_bytes": _bytes(local), "optimizer_state_bytes": _bytes(states),
            "loss": round(loss.item(), 6)}
-    print(json.dumps(row), flush=True)
+    rows = [None] * dist.get_world_size()
+    dist.all_gather_object(rows, row)  # rank 0 prints every row: the ranks' own prints interleave
+    if dist.get_rank() == 0:
+        print("\n".join(json.dumps(r) for r in rows), flush=True)
     dist.barrier()
     dist.destroy_process_group()
 
