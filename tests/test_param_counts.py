@@ -51,6 +51,8 @@ def _count(model) -> int:
 
 
 ENTRIES = sorted(catalog())
+REMOTE_CODE = {"qwen"}
+"""Families whose model class ships as Hub remote code (Qwen-1's ``QWenLMHeadModel``)."""
 
 
 def _estimable(model_id: str) -> bool:
@@ -78,6 +80,9 @@ def test_total_matches_transformers(model_id: str) -> None:
     if not _estimable(model_id):
         pytest.skip(f"{entry.family}: no memplan builder yet (issue #12 item 1); "
                     "test_unestimable_families_match_published checks its config instead")
+    if entry.config()["model_type"] in REMOTE_CODE:
+        pytest.skip(f"{entry.family}: remote code, which transformers cannot build without "
+                    "trust_remote_code (never passed): tests/test_qwen1.py checks its count")
     spec = load_model(model_id)
     hf = _build_on_meta(entry.config())
     assert spec.num_params == _count(hf) + _t5_forced_tie(model_id, spec)

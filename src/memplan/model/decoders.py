@@ -1,5 +1,5 @@
 """Builders for decoder-only transformers in the Llama lineage (RMSNorm, rotary, gated MLP):
-Llama, Mistral, Mixtral, Qwen2/2.5, Qwen1.5-MoE/Qwen2-MoE, Qwen3 (dense and MoE), Gemma 2/3, Phi-3/Phi-4, OLMo 2,
+Llama, Mistral, Mixtral, Qwen (1), Qwen2/2.5, Qwen1.5-MoE/Qwen2-MoE, Qwen3 (dense and MoE), Gemma 2/3, Phi-3/Phi-4, OLMo 2,
 and DeepSeek-V2/V3 (multi-head latent attention + shared/routed experts).
 
 Each function maps a HF ``config.json`` onto ``ModelSpec`` tensors with the module names and
@@ -236,6 +236,41 @@ def deepseek(c: Config, model_id: str) -> ModelSpec:
                 "them, so they are not counted (DeepSeek-V3's 671B excludes them, 685B includes).")
         spec = _with_notes(spec, note)
     return spec
+
+
+def qwen1(c: Config, model_id: str) -> ModelSpec:
+    """Qwen (1): Qwen-1.8B/7B/14B/72B, whose ``QWenLMHeadModel`` ships as remote code
+    (``modeling_qwen.py`` in each Hub repo; memplan never runs it). ``QWenBlock``: RMSNorm
+    ``ln_1``; ``attn.c_attn`` (one qkv Linear, bias) to ``3 x kv_channels x heads``, rotary over
+    every head dim (``rotary_pct`` 1.0), ``attn.c_proj`` (bias only without ``no_bias``); RMSNorm
+    ``ln_2``; ``QWenMLP`` with ``w1``, ``w2`` (h -> ``intermediate_size // 2``) and ``c_proj``
+    back, computing ``c_proj(w1(x) * silu(w2(x)))``: the Llama MLP with w2 as the gate; untied
+    ``lm_head``, final RMSNorm ``ln_f``. Multi-head attention (no ``num_key_value_heads``)."""
+    h, V, n = c.int("hidden_size"), c.int("vocab_size"), c.int("num_hidden_layers")
+    a = c.int("num_attention_heads")
+    d = c.int("kv_channels", default=h // a)
+    f = c.int("intermediate_size") // 2
+    bias = not c.get("no_bias", True)
+    t = (norm("ln_1", h)
+         + linear("attn.c_attn", 3 * a * d, h, component=A, split=Split.COLUMN, bias=True,
+                  targets=("q", "k", "v"))
+         + linear("attn.c_proj", h, a * d, component=A, split=Split.ROW, bias=bias,
+                  targets=("o",))
+         + norm("ln_2", h)
+         + linear("mlp.w2", f, h, component=M, split=Split.COLUMN, bias=bias, targets=("gate",))
+         + linear("mlp.w1", f, h, component=M, split=Split.COLUMN, bias=bias, targets=("up",))
+         + linear("mlp.c_proj", h, f, component=M, split=Split.ROW, bias=bias,
+                  targets=("down",)))
+    attn = Attention(kind="mha", num_heads=a, num_kv_heads=a, head_dim=d, v_head_dim=d)
+    ffn = Ffn(gated=True, activation="silu", intermediate_size=f)
+    layer = Layer(kind="decoder", tensors=tuple(t), attention=attn, ffn=ffn)
+    head = norm("ln_f", h) + [Tensor(name="lm_head.weight", shape=(V, h),
+                                     component=Component.HEAD, split=Split.VOCAB)]
+    return ModelSpec(id=model_id, model_type="qwen", hidden_size=h, vocab_size=V,
+                     embedding=tuple(embedding("wte", V, h)), layers=(layer,) * n,
+                     head=tuple(head), tied_embeddings=False, head_tied_numel=0,
+                     max_position_embeddings=c.get("seq_length",
+                                                   c.get("max_position_embeddings")))
 
 
 def _with_notes(spec: ModelSpec, *notes: str) -> ModelSpec:

@@ -54,6 +54,7 @@ def _gemma3_multimodal(c: Config, model_id: str) -> ModelSpec:
 
 BUILDERS: dict[str, Builder] = {
     **{mt: decoders.llama_like for mt in decoders._STYLES},
+    "qwen": decoders.qwen1,  # Qwen (1): remote code on the Hub, described from its config
     "deepseek_v2": decoders.deepseek,
     "deepseek_v3": decoders.deepseek,
     "gemma3": _gemma3_multimodal,

@@ -21,7 +21,7 @@ class Graph(StrEnum):
     """Which layer graph the estimator draws (transformers 5.x code of each)."""
 
     DECODER = "decoder"
-    """Llama lineage: RMSNorm, rotary, gated MLP or MoE (Llama, Mistral, Qwen, Gemma, Phi-3,
+    """Llama lineage: RMSNorm, rotary, gated MLP or MoE (Llama, Mistral, Qwen 1-3, Gemma, Phi-3,
     OLMo 2, DeepSeek MLA)."""
     GPT2 = "gpt2"
     """Pre-LN, Conv1D, learned positions, gelu_new in Python ops, dropout everywhere."""
@@ -118,10 +118,15 @@ class Traits:
     """Attention type per layer (``full_attention`` / ``sliding_attention``); empty: all full."""
     mla: Mla | None = None
     """DeepSeek MLA dims, when the attention is latent."""
+    shift_copy: bool = False
+    """The loss shifts the logits with a ``.contiguous()`` copy before cross-entropy (Qwen-1's
+    remote ``QWenLMHeadModel.forward``: ``lm_logits[..., :-1, :].contiguous()``); its
+    ``log_softmax`` runs in fp32 under the Trainer's autocast, as ``ForCausalLMLoss``'s does."""
 
 
-def _num(cfg: Mapping[str, Any], key: str) -> float:
-    return float(cfg.get(key) or 0.0)
+def _num(cfg: Mapping[str, Any], *keys: str) -> float:
+    """The first of ``keys`` the config sets (0.0 if none)."""
+    return float(next((cfg[k] for k in keys if cfg.get(k) is not None), 0.0) or 0.0)
 
 
 def _rotary_fraction(cfg: Mapping[str, Any], default: float = 0.25) -> float:
@@ -164,7 +169,7 @@ def _ln_decoder(model_type: str, cfg: Mapping[str, Any], head_dim: int,
                   **common)
 
 
-_DECODERS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
+_DECODERS = ("llama", "mistral", "mixtral", "qwen", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
              "gemma2", "gemma3", "gemma3_text", "phi3", "olmo2", "deepseek_v2", "deepseek_v3")
 GRAPHS: dict[str, Graph] = {**dict.fromkeys(_DECODERS, Graph.DECODER), "gpt2": Graph.GPT2,
                             "gpt_neox": Graph.GPT_NEOX, "bert": Graph.BERT,
@@ -226,4 +231,5 @@ def traits_for(model_type: str, cfg: Mapping[str, Any], head_dim: int,
                   qk_norm=qk, rotary_dims=mla.rope if mla else head_dim,
                   embedding_scale=gemma,
                   attn_softcap=bool(cfg.get("attn_logit_softcapping")) and model_type == "gemma2",
-                  attention_dropout=_num(cfg, "attention_dropout"), mla=mla, **common)
+                  attention_dropout=_num(cfg, "attention_dropout", "attn_dropout_prob"),
+                  mla=mla, shift_copy=model_type == "qwen", **common)

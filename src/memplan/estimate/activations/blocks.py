@@ -376,10 +376,12 @@ class Blocks:
                   params=((vocab * h * c.act, 0),) if trained else ())
 
     def causal_lm_loss(self, logits: Tensor, vocab: int, *, softcap: bool = False,
-                       shift: bool = True) -> None:
+                       shift: bool = True, shift_copy: bool = False) -> None:
         """HF ``ForCausalLMLoss``: ``logits.float()``, a shifted int64 copy of the labels,
         ``cross_entropy`` = ``log_softmax`` (saves its fp32 output) + ``nll_loss`` (saves the
-        target). The model output holding the logits is dropped before the backward (HF Trainer)."""
+        target). The model output holding the logits is dropped before the backward (HF Trainer).
+        ``shift_copy`` (Qwen-1's ``QWenLMHeadModel``): the shifted logits are first copied
+        (``.contiguous()``, in the logits' dtype), then reduced as above."""
         c = self.c
         t = c.tokens
         if softcap:  # Gemma 2 final_logit_softcapping: logits / cap, tanh (saved), * cap
@@ -391,6 +393,8 @@ class Blocks:
         # the raw logits, so only autocast (log_softmax runs in fp32) upcasts them; under
         # 16-bit training log_softmax saves a 16-bit output (measured: bert-mlm bf16-true was
         # +19 % with an fp32 loss, issue #17's out-of-sample matrix).
+        if shift_copy:
+            logits = self.copy(logits, 1.0)
         lf = self.cast(logits, 4) if shift or c.amp else logits
         if shift:
             labels = self.new(t, 8, grad=False)

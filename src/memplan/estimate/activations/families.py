@@ -56,9 +56,14 @@ def _llama_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: int
                                                 dropout=tr.attention_dropout,
                                                 mask=mask, selective=selective),
                            h, ffn, tp, gemma=gemma, sandwich=sandwich, post_only=post_only)
-    q = b.linear(y, h, heads * d, bias=any("q_proj.bias" in n for n in names), role=("q",))
-    k = b.linear(y, h, kv * d, bias=any("k_proj.bias" in n for n in names), role=("k",))
-    v = b.linear(y, h, kv * d, bias=any("v_proj.bias" in n for n in names), role=("v",))
+    fused_bias = any(n.endswith(("qkv_proj.bias", "c_attn.bias")) for n in names)
+    # a fused qkv linear (Phi-3 qkv_proj, Qwen-1 c_attn) is drawn as three: the same bytes
+    q = b.linear(y, h, heads * d, bias=fused_bias or any("q_proj.bias" in n for n in names),
+                 role=("q",))
+    k = b.linear(y, h, kv * d, bias=fused_bias or any("k_proj.bias" in n for n in names),
+                 role=("k",))
+    v = b.linear(y, h, kv * d, bias=fused_bias or any("v_proj.bias" in n for n in names),
+                 role=("v",))
     if tr.qk_norm is not QkNorm.NONE:
         full = tr.qk_norm is QkNorm.FULL
         q = b.rmsnorm(q, heads * d if full else d, gemma=gemma)
@@ -356,5 +361,6 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
         head_bias = not tr.causal or any(t.name == "lm_head.bias" for t in spec.head)
         logits = b.linear(x, h, V // tp, trained=ctx.trained, bias=head_bias)
         g.region = "loss"
-        b.causal_lm_loss(logits, V // tp, softcap=tr.final_softcap, shift=tr.causal)
+        b.causal_lm_loss(logits, V // tp, softcap=tr.final_softcap, shift=tr.causal,
+                         shift_copy=tr.shift_copy)
     return g
