@@ -87,3 +87,37 @@ def test_shift_copy_adds_one_logits_copy() -> None:
                         if m.phase == "forward" and m.label.endswith("loss"))
     # the copy-free graph's largest loss instant also holds the 4-byte loss scalar
     assert fwd(with_copy) - fwd(without) == 1024 * 151936 * 4 - 4
+
+
+def test_modules_to_save_trains_copies_of_embedding_and_head() -> None:
+    """PEFT ``modules_to_save=["wte", "lm_head"]`` (Qwen's finetune.py for base checkpoints):
+    the trainable count grows by exactly the two copies, 2 x vocab x hidden."""
+    spec = load_model("Qwen/Qwen-7B")
+    gpu = get_device("A100-80GB")
+    base = Recipe.of(method="lora", lora_rank=64, precision="bf16-true")
+    saved = base.with_keys(modules_to_save="embed,lm_head")
+    a = estimate(spec, base, gpu, search_micro_batch=False)
+    b = estimate(spec, saved, gpu, search_micro_batch=False)
+    assert b.model.trainable_params - a.model.trainable_params == 2 * 151936 * 4096
+    assert b.worst.peak_allocated_bytes > a.worst.peak_allocated_bytes
+
+
+@pytest.mark.parametrize("keys, needle", [
+    (dict(method="full", modules_to_save="embed"), "applies to PEFT methods"),
+    (dict(method="lora", modules_to_save="emb"), "Did you mean 'embed'"),
+])
+def test_modules_to_save_bad_input(keys: dict, needle: str) -> None:
+    from memplan.errors import MemplanError
+
+    with pytest.raises(MemplanError, match=needle):
+        spec = load_model("Qwen/Qwen-1_8B")
+        estimate(spec, Recipe.of(**keys), get_device("A100-80GB"), search_micro_batch=False)
+
+
+def test_modules_to_save_lm_head_on_a_tied_model_is_refused() -> None:
+    from memplan.errors import MemplanError
+
+    spec = load_model("meta-llama/Llama-3.2-1B")
+    with pytest.raises(MemplanError, match="ties its output layer"):
+        estimate(spec, Recipe.of(method="lora", modules_to_save="lm_head"),
+                 get_device("A100-80GB"), search_micro_batch=False)

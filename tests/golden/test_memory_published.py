@@ -108,7 +108,7 @@ R_CHUNKED = "chunked cross-entropy (chunked_ce=1)"
 R_OIB = "optimizer in backward"
 R_OFFLOAD = "activation / other offload"
 R_GPTQ = "gptq-int4 base"
-R_HEAD_LORA = "LoRA on lm_head / trainable embeddings (not in Recipe.lora_targets)"
+R_HEAD_LORA = "LoRA adapters on lm_head / the embedding (not in Recipe.lora_targets)"
 R_UNSTATED = "settings not published (empty cell)"
 R_FP32_FROZEN = "FSDP keeps the frozen base in fp32 (memplan's -mixed stores frozen weights 16-bit)"
 R_COVERED = "covered by tests/golden/test_weights_only.py"
@@ -240,8 +240,8 @@ def _reasons(row: dict[str, str]) -> list[str]:
     if row["base_quant"] == "gptq-int4":
         out.append(R_GPTQ)
     targets = set(row["lora_targets"].split(",")) - {""}
-    if targets & {"lm_head", "embed"} or "LoRA (emb)" in row["notes"] or (
-            "embedding (wte) and lm_head are FULLY trainable" in row["notes"]):
+    if targets & {"lm_head", "embed"} or ("LoRA (emb)" in row["notes"]
+                                           and not _saved_modules(row)):
         out.append(R_HEAD_LORA)
     needed = ["precision", "optimizer", "micro_batch", "seq_len", "checkpointing", "num_gpus",
               "zero_stage", "offload", "attention"]
@@ -256,6 +256,15 @@ def _reasons(row: dict[str, str]) -> list[str]:
     if row["id"] in ("GT038", "GT120"):
         out.append(R_COVERED)
     return out
+
+
+def _saved_modules(row: dict[str, str]) -> tuple[str, ...]:
+    """PEFT ``modules_to_save`` the row trains whole: Qwen's "LoRA (emb)" rows train the
+    embedding and lm_head (its finetune.py sets ``modules_to_save=["wte", "lm_head"]`` for base
+    checkpoints, the row's notes)."""
+    if "embedding (wte) and lm_head are FULLY trainable" in row["notes"]:
+        return ("embed", "lm_head")
+    return ()
 
 
 def _engine(row: dict[str, str]) -> str | None:
@@ -293,6 +302,8 @@ def _recipe(row: dict[str, str]) -> Recipe:
                   adapter_dtype=ADAPTER_DTYPE.get(_framework(row["source_group"]), "fp32"))
     if method == "qlora":
         kw["quant"] = row["base_quant"]
+    if saved := _saved_modules(row):
+        kw["modules_to_save"] = saved
     if engine := _engine(row):
         kw["engine"] = engine
     r = Recipe.of(**kw)
@@ -521,6 +532,27 @@ MISSES: dict[str, str] = {
 """Rows outside tolerance whose cause was NOT measured (the text gives the error and the
 candidates). They are not xfails: the accuracy table and README count them as misses, and
 ``test_unexplained_misses_still_miss`` fails when one starts to pass, so the list stays true."""
+
+_QWEN_LOW = (
+    "Qwen-1 profiling sweep: every one of the 57 Qwen rows is below the published value "
+    "(median -9.4%), most inside the B tolerance. The gap is nearly flat in seq_len (~2-3 "
+    "GiB), so a fixed cost memplan does not model is likely (the counter is not named: "
+    "nvidia-smi with a larger CUDA 11.8 context, or flash-attn/apex buffers); not measured.")
+_QWEN_DS = (
+    "Qwen-1 full fine-tuning with DeepSpeed ZeRO-3 on one GPU: flat 43.5 for seq 256-2048, so "
+    "model states and DeepSpeed buffers set it. memplan holds 16 B/param + the 5e8 bucket; "
+    "fp32 gradient sub-groups (sub_group_size 1e9 elements: up to 4 GB) during the step and "
+    "the prefetch/max-live parameter buffers are candidates; not measured.")
+MISSES.update({
+    "GT156": "-22.4% (16.20 published, 11.60-12.57 predicted). " + _QWEN_LOW,
+    "GT159": "-21.2% (14.00 published, 10.13-11.03 predicted; LoRA with embedding and lm_head "
+             "trained through modules_to_save). " + _QWEN_LOW,
+    "GT170": "-24.0% (43.50 published, 31.11-33.06 predicted). " + _QWEN_DS,
+    "GT171": "-24.0% (43.50 published, 31.11-33.06 predicted). " + _QWEN_DS,
+    "GT172": "-24.0% (43.50 published, 31.11-33.06 predicted). " + _QWEN_DS,
+    "GT173": "-24.0% (43.50 published, 31.11-33.06 predicted). " + _QWEN_DS,
+    "GT174": "-21.6% (47.10 published, 34.78-36.91 predicted). " + _QWEN_DS,
+})
 
 if CSV_PATH.is_file():
     CASES, FITS, SKIPPED = load_all()

@@ -76,6 +76,10 @@ def tensor_extras(model: ModelSpec, t: Tensor, recipe: Recipe, roles: frozenset[
     """Tensors the method adds next to base tensor ``t`` (one rank's share under TP/EP; the
     factor on a split side is split too, as NeMo/Megatron LoRA does)."""
     kind, par = recipe.method.kind, recipe.parallelism
+    if _saved_module(t, recipe):
+        return [Extra(Tensor(name=t.name + " (modules_to_save copy)", shape=t.shape,
+                             component=t.component, split=t.split),
+                      t.numel_per_rank(par.tp, par.ep), adapter=False)]
     if kind == "ln-tuning":
         if not ln_tuning_norm(model, t):
             return []
@@ -103,6 +107,18 @@ def tensor_extras(model: ModelSpec, t: Tensor, recipe: Recipe, roles: frozenset[
     if kind == "dora":
         out.append(_held(base + ".lora_magnitude_vector", (out_f,), t, e * b_out))
     return out
+
+
+def _saved_module(t: Tensor, recipe: Recipe) -> bool:
+    """``t`` is the weight of a module PEFT's ``modules_to_save`` copies and trains: the token
+    embedding (``embed``, the vocabulary-split embedding) or the untied output layer
+    (``lm_head``) (``peft/utils/other.py`` ``ModulesToSaveWrapper``: the original stays frozen,
+    a deep copy trains)."""
+    saved = recipe.method.modules_to_save
+    if not saved or t.split is not Split.VOCAB:
+        return False
+    return ("embed" in saved and t.component is Component.EMBEDDING) or (
+        "lm_head" in saved and t.component is Component.HEAD)
 
 
 def model_extras(model: ModelSpec, recipe: Recipe) -> list[Extra]:
@@ -144,6 +160,14 @@ def prefix_token_dim(model: ModelSpec) -> int:
 def peft_problems(model: ModelSpec, recipe: Recipe, p: Problems) -> None:
     """What the method needs from the model (checked with the LoRA targets)."""
     kind = recipe.method.kind
+    saved = recipe.method.modules_to_save
+    if saved and kind not in FROZEN_BASE:
+        p.add(f"modules_to_save={','.join(saved)} applies to PEFT methods; method={kind} "
+              "trains " + ("every weight already." if kind == "full" else "its own layers.")
+              + " Drop --modules-to-save, or use a PEFT method such as lora.")
+    if "lm_head" in saved and model.tied_embeddings:
+        p.add(f"modules_to_save=lm_head: {model.id} ties its output layer to the input "
+              "embedding, so there is no separate lm_head to copy. Use --modules-to-save embed.")
     if kind == "bitfit" and not any(t.is_bias for t in model.tensors):
         p.add(f"method=bitfit trains biases, but {model.id} has none (its linears and norms "
               "are bias-free). Use ln-tuning, ia3 or lora.")

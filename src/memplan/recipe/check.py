@@ -81,7 +81,7 @@ def _check(p: Problems, key: str, kind: Any, value: Any, meta: Any) -> Any:
             p.add(f"{key}={value!r} must be {what}{_bounds_text(meta)}.")
         return value
     if typing.get_origin(kind) is tuple:
-        return _check_names(p, key, value, meta.get("choices"))
+        return _check_names(p, key, value, meta.get("choices"), may_be_empty=meta.get("empty", False))
     raise AssertionError(f"recipe field {key} has an unsupported type {kind!r}")
 
 
@@ -94,9 +94,10 @@ def _bounds_text(meta: Any) -> str:
     return ""
 
 
-def _check_names(p: Problems, key: str, value: Any, choices: tuple[str, ...] | None) -> Any:
+def _check_names(p: Problems, key: str, value: Any, choices: tuple[str, ...] | None, *,
+                 may_be_empty: bool = False) -> Any:
     if isinstance(value, str):
-        value = tuple(v.strip() for v in value.split(",") if v.strip())
+        value = tuple(v.strip() for v in value.split(",") if v.strip() and v.strip() != "none")
     elif isinstance(value, list):
         value = tuple(str(v) for v in value)
     elif not isinstance(value, tuple):
@@ -104,12 +105,13 @@ def _check_names(p: Problems, key: str, value: Any, choices: tuple[str, ...] | N
         return value
     if choices is None:
         return value
-    if value in (("all-linear",), ("all",)):
+    if value in (("all-linear",), ("all",)) and not may_be_empty:
         return tuple(choices)
     for t in value:
         if t not in choices:
-            p.add(f"{key}: {t!r} is not one of {', '.join(choices)} (or 'all-linear')."
+            alt = "'none'" if may_be_empty else "'all-linear'"
+            p.add(f"{key}: {t!r} is not one of {', '.join(choices)} (or {alt})."
                   f"{did_you_mean(t, choices)}")
-    if not value:
+    if not value and not may_be_empty:
         p.add(f"{key} is empty; name at least one of {','.join(choices)}.")
     return value

@@ -167,6 +167,12 @@ class Method:
                                           metadata={"choices": LORA_TARGETS})
     """Which linears get adapters: comma list of ``q,k,v,o,gate,up,down`` (``all-linear`` =
     all)."""
+    modules_to_save: tuple[str, ...] = field(default=(), metadata={
+        "choices": ("embed", "lm_head"), "empty": True})
+    """With a PEFT method: whole modules that train next to the adapters, PEFT's
+    ``modules_to_save`` (``embed``: the input embedding, ``lm_head``: the output layer; 'none'
+    by default). PEFT keeps the frozen original and trains a copy (``ModulesToSaveWrapper``):
+    one more weight in the parameters' dtype, with its gradient and optimizer states."""
     adapter_dtype: AdapterDtype = AdapterDtype.FP32
     """dtype of LoRA weights. PEFT keeps adapters in fp32 by default
     (``autocast_adapter_dtype``)."""

@@ -54,6 +54,8 @@ def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
                prefix=m.virtual_tokens if m.kind == "prefix-tuning" else 0,
                prompt=m.virtual_tokens if m.kind == "prompt-tuning" else 0,
                input_grad=m.kind == "adapter",
+               embed_trained="embed" in m.modules_to_save and m.kind != "full",
+               head_trained="lm_head" in m.modules_to_save and m.kind != "full",
                adapter=int(dtype_bytes(recipe.method.adapter_dtype)),
                train_act=int(pbytes), loss=recipe.loss.kind,
                sp=par.tp if par.sequence_parallel else 1,

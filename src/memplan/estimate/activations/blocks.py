@@ -68,6 +68,10 @@ class Ctx:
     """Prompt tuning: virtual tokens in front of every sequence (included in ``seq``)."""
     input_grad: bool = False
     """A trained tensor is added to the embeddings (``method = adapter``)."""
+    embed_trained: bool = False
+    """The token embedding trains under a frozen-base method (PEFT ``modules_to_save``)."""
+    head_trained: bool = False
+    """The output layer trains under a frozen-base method (PEFT ``modules_to_save``)."""
 
     @property
     def tokens(self) -> int:
@@ -230,7 +234,7 @@ class Blocks:
     # -- embedding and loss ------------------------------------------------------------------------
     def embedding(self, h: int, vocab: int) -> Tensor:
         c = self.c
-        trained = c.trained
+        trained = c.trained or c.embed_trained
         y = self.new(c.tokens // c.sp * h, c.act, grad=trained)
         self.g.op([], (y,), params=((vocab * h * c.act, 0),) if trained else ())
         return y

@@ -354,12 +354,13 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
         if ctx.loss != "standard" and tr.causal:
             g.region = "loss"
             if ctx.loss == "chunked":
-                b.chunked_lm_loss(x, h, V // tp, trained=ctx.trained)
+                b.chunked_lm_loss(x, h, V // tp, trained=ctx.trained or ctx.head_trained)
             else:
-                b.fused_lm_loss(x, h, V // tp, trained=ctx.trained)
+                b.fused_lm_loss(x, h, V // tp, trained=ctx.trained or ctx.head_trained)
             return g
         head_bias = not tr.causal or any(t.name == "lm_head.bias" for t in spec.head)
-        logits = b.linear(x, h, V // tp, trained=ctx.trained, bias=head_bias)
+        logits = b.linear(x, h, V // tp, trained=ctx.trained or ctx.head_trained,
+                          bias=head_bias)
         g.region = "loss"
         b.causal_lm_loss(logits, V // tp, softcap=tr.final_softcap, shift=tr.causal,
                          shift_copy=tr.shift_copy)
