@@ -121,3 +121,23 @@ def test_modules_to_save_lm_head_on_a_tied_model_is_refused() -> None:
     with pytest.raises(MemplanError, match="ties its output layer"):
         estimate(spec, Recipe.of(method="lora", modules_to_save="lm_head"),
                  get_device("A100-80GB"), search_micro_batch=False)
+
+
+def test_gptq_int4_storage_of_one_linear() -> None:
+    """auto-gptq QuantLinear buffers for a 4096 -> 11008 linear, group size 128: qweight
+    (4096 x 11008 / 2 B), qzeros (32 groups x 11008 / 2 B), fp16 scales (32 x 11008 x 2 B),
+    int32 g_idx (4096 x 4 B)."""
+    from memplan.estimate.states import quantized_bytes
+
+    numel = 11008 * 4096
+    want = numel // 2 + 32 * 11008 // 2 + 32 * 11008 * 2 + 4096 * 4
+    assert quantized_bytes(numel, 11008, "gptq-int4") == want
+
+
+def test_qlora_on_a_gptq_checkpoint_estimates() -> None:
+    spec = load_model("Qwen/Qwen-7B-Chat-Int4")
+    r = Recipe.of(method="qlora", quant="gptq-int4", lora_rank=64, precision="bf16-true")
+    b = estimate(spec, r, get_device("A100-80GB"), search_micro_batch=False)
+    line = next(i for m in b.worst.moments for i in m.items
+                if i.name == "quantized base (gptq-int4)")
+    assert 3.0e9 < line.bytes < 3.5e9  # ~6.5e9 linear elements x ~0.52 B

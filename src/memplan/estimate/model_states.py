@@ -90,7 +90,8 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
     add(Category.PARAMS, f"quantized base ({recipe.method.quant})",
         [(h, quantized_bytes(h.numel, h.tensor.shape[0], recipe.method.quant)) for h in quantized],
         shard=z == 3, pool=param_pool,
-        formula="bitsandbytes storage incl. quantization constants (QLoRA paper §3)")
+        formula="packed storage incl. quantization constants (QLoRA paper §3; GPTQ: "
+        "auto-gptq QuantLinear buffers)")
     if z == 3 and recipe.engine_kind == "deepspeed" and recipe.parallelism.shard_degree > 1:
         limit = recipe.engine.stage3_param_persistence_threshold
         small = [h for h in stage.held if not h.quantized and h.numel <= limit]

@@ -23,6 +23,9 @@ NF4_BLOCK = 64
 """QLoRA block size for weights (Dettmers et al. 2023, arXiv 2305.14314, §3 'Double Quantization')."""
 NF4_DQ_BLOCK2 = 256
 """Second-level block size for the quantized absmax constants (same section)."""
+GPTQ_GROUP = 128
+"""GPTQ quantization group size of the common 4-bit checkpoints (``group_size: 128`` in the
+``quantize_config.json`` of Qwen's -Int4 models and auto-gptq's examples)."""
 BNB_MIN_8BIT_SIZE = 4096
 """bitsandbytes 8-bit optimizers keep tensors with fewer elements in 32-bit
 (``min_8bit_size=4096``, bitsandbytes ``optim/optimizer.py``)."""
@@ -41,6 +44,10 @@ def quantized_bytes(numel: int, out_features: int, quant: str) -> float:
       (QLoRA paper §3: "from 32/64 = 0.5 bits to 8/64 + 32/(64*256) = 0.127 bits per parameter").
     - ``int8`` (LLM.int8, Dettmers et al. 2022, arXiv 2208.07339): 1 byte/element + one fp32
       scale per output row (``Int8Params.SCB``).
+    - ``gptq-int4`` (Frantar et al. 2023, arXiv 2210.17323; auto-gptq ``QuantLinear`` buffers,
+      ``auto_gptq/nn_modules/qlinear``): ``qweight`` int32 packing 8 values (0.5 B/element),
+      per group of ``GPTQ_GROUP`` input rows ``qzeros`` (4 bits per output) and fp16 ``scales``
+      (2 B per output), and an int32 ``g_idx`` per input feature.
     """
     if quant == "nf4":
         return numel * 0.5 + math.ceil(numel / NF4_BLOCK) * 4
@@ -49,6 +56,10 @@ def quantized_bytes(numel: int, out_features: int, quant: str) -> float:
         return numel * 0.5 + blocks * 1 + math.ceil(blocks / NF4_DQ_BLOCK2) * 4
     if quant == "int8":
         return numel * 1 + out_features * 4
+    if quant == "gptq-int4":
+        in_features = numel // max(1, out_features)
+        groups = math.ceil(in_features / GPTQ_GROUP)
+        return numel * 0.5 + groups * out_features * (0.5 + 2) + in_features * 4
     raise ValueError(f"not a quantized format: {quant}")
 
 

@@ -110,7 +110,7 @@ class Recipe:
     def _check_combinations(self, p: Problems) -> None:
         m, par, off = self.method, self.parallelism, self.offload.kind
         if m.kind == "qlora" and m.quant == "none":
-            p.add("method=qlora needs a quantized base: set quant to nf4, nf4-dq or int8 "
+            p.add("method=qlora needs a quantized base: set quant to nf4, nf4-dq, int8 or gptq-int4 "
                   "(QLoRA's default is nf4-dq), or use method=lora.")
         if m.kind == "adapter" and m.adapter_params < 1:
             p.add("method=adapter needs adapter_params > 0: the number of parameters your "

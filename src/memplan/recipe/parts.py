@@ -76,6 +76,7 @@ class Quant(StrEnum):
     NF4 = "nf4"
     NF4_DQ = "nf4-dq"
     INT8 = "int8"
+    GPTQ_INT4 = "gptq-int4"
 
 
 class AdapterDtype(StrEnum):
@@ -178,7 +179,8 @@ class Method:
     (``autocast_adapter_dtype``)."""
     quant: Quant = Quant.NONE
     """Storage of the frozen base under ``qlora``: ``nf4``, ``nf4-dq`` (double-quantized
-    scales, QLoRA's default), ``int8`` (LLM.int8). ``none`` for every other method."""
+    scales, QLoRA's default), ``int8`` (LLM.int8), ``gptq-int4`` (a GPTQ 4-bit checkpoint, group
+    size 128, loaded by auto-gptq, e.g. Qwen's -Int4 models). ``none`` for every other method."""
     freeze_trainable_layers: int = field(default=2, metadata={"min": 1})
     """With ``method = freeze``: how many last layers train (LLaMA-Factory's default is 2)."""
     virtual_tokens: int = field(default=20, metadata={"min": 1})
