@@ -150,3 +150,23 @@ def test_plan_in_two_processes_gives_the_same_rows() -> None:
     assert one.candidates_evaluated == two.candidates_evaluated >= 500
     key = lambda e: e.recipe.to_toml()  # noqa: E731
     assert sorted(map(repr, sorted(one.rows, key=key))) == sorted(map(repr, sorted(two.rows, key=key)))
+
+
+def test_plan_from_an_engine_file_holds_its_keys(tmp_path):
+    """``plan --from ds_config.json``: ZeRO stage, micro-batch and accumulation the file sets
+    are held; what it does not set (checkpointing, loss, attention) is searched."""
+    import json
+
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+        "train_batch_size": 64, "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW"}}))
+    r = runner.invoke(app, ["plan", "meta-llama/Llama-3.2-1B", "--node", "DGX-H100", "--nodes",
+                            "1", "--seq-len", "2048", "--from", str(ds), "--format", "json",
+                            "--top", "50"])
+    assert r.exit_code == 0, r.output
+    ranked = json.loads(r.output)["top"]
+    assert ranked and all(p["recipe"]["zero"] == 2 and p["recipe"]["micro_batch"] == 4
+                          and p["recipe"]["grad_accum"] == 2 for p in ranked)
+    assert len({p["recipe"]["checkpointing"] for p in ranked}) > 1

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .cli_options import fail, guard, host_option, recipe_options
+from .cli_options import FROM_HELP, fail, guard, host_option, recipe_options
 
 __all__ = ["register", "plan_command", "size_command"]
 
@@ -88,18 +88,30 @@ def cluster_from_options(*, gpu: str | None, node: str | None, nodes: int | None
                    host_ram=host_ram, nvme=nvme)
 
 
-def _base(flags: dict[str, Any], recipe: Path | None,
-          host: dict[str, Any]) -> tuple[Any, frozenset[str]]:
+def _base(flags: dict[str, Any], recipe: Path | None, host: dict[str, Any], *,
+          engine_file: Path | None = None, model: str | None = None,
+          ) -> tuple[Any, frozenset[str]]:
+    """The starting recipe and the keys held fixed: the flags, every key of ``--recipe`` and
+    every key ``--from`` reads out of an engine's config."""
     from .api import load_job
     from .errors import ConfigError
+    from .export import read_engine_file
     from .recipe import read_recipe_file
 
     fixed = set(flags)
     if recipe is not None:
         fixed |= {k for k in read_recipe_file(recipe) if k != "host"}
+    if engine_file is not None:
+        imported = read_engine_file(engine_file)
+        keys = read_recipe_file(engine_file) if imported is None else imported.keys
+        fixed |= {k for k in keys if k != "host"}
     host = {k: v for k, v in host.items() if v is not None}
+
+    def job(extra: dict[str, Any]) -> Any:
+        return load_job(recipe, {**flags, **extra}, host, engine_file=engine_file, model=model)
+
     try:
-        return load_job(recipe, flags, host), frozenset(fixed)
+        return job({}), frozenset(fixed)
     except ConfigError as error:
         # the searched keys the user left free only need *some* valid value here (the space
         # sets each): e.g. --offload params+optimizer alone is refused with the default zero=0
@@ -107,7 +119,7 @@ def _base(flags: dict[str, Any], recipe: Path | None,
             free = {k: v for k, v in fill.items() if k not in fixed}
             if free:
                 try:
-                    return load_job(recipe, {**flags, **free}, host), frozenset(fixed)
+                    return job(free), frozenset(fixed)
                 except ConfigError:
                     continue
         raise error
@@ -144,6 +156,8 @@ def plan_command(
                                         "H100-80GB).")] = None,
     recipe: Annotated[Path | None, Opt(help="Recipe TOML/JSON: every key in it is held "
                                             "fixed, as are the flags given.")] = None,
+    from_file: Annotated[Path | None, Opt("--from", help=FROM_HELP + " Every key it sets is "
+                                          "held fixed.")] = None,
     host_ram: Annotated[str | None, Opt(help="Host RAM per node, e.g. 2TiB (overrides "
                                              "--node).")] = None,
     nvme: Annotated[str | None, Opt(help="Local NVMe per node, e.g. 30.72TB (overrides "
@@ -180,7 +194,8 @@ def plan_command(
                                        host_ram=host_ram, nvme=nvme)
         (job, setup), fixed = _base({**flags, "gpus": cluster.gpus,
                                      "gpus_per_node": cluster.gpus_per_node}, recipe,
-                                    dict(load=load, workers=workers, prefetch=prefetch))
+                                    dict(load=load, workers=workers, prefetch=prefetch),
+                                    engine_file=from_file, model=model)
         fixed -= {"gpus", "gpus_per_node"}
         spec = load_model(model)
         bar = _Bar(f"planning {spec.id}")
@@ -215,6 +230,8 @@ def size_command(
                                          "and NVMe are then limits).")] = None,
     recipe: Annotated[Path | None, Opt(help="Recipe TOML/JSON: every key in it is held "
                                             "fixed, as are the flags given.")] = None,
+    from_file: Annotated[Path | None, Opt("--from", help=FROM_HELP + " Every key it sets is "
+                                          "held fixed except the GPU count.")] = None,
     host_ram: Annotated[str | None, Opt(help="Host RAM per node, a limit (overrides "
                                              "--node).")] = None,
     nvme: Annotated[str | None, Opt(help="Local NVMe per node, a limit (overrides "
@@ -266,7 +283,10 @@ def size_command(
             raise ConfigError(problems)
         per_node = flags.pop("gpus_per_node", None) or (preset.gpus if preset else 8)
         (job, setup), fixed = _base(flags, recipe,
-                                    dict(load=load, workers=workers, prefetch=prefetch))
+                                    dict(load=load, workers=workers, prefetch=prefetch),
+                                    engine_file=from_file, model=model)
+        if "gpus" in fixed - set(flags):
+            fixed -= {"gpus"}  # an engine file's world size is what size chooses
         target = tokens_per_second if tokens is None else tokens / (hours * 3600)  # type: ignore[operator]
         spec = load_model(model)
         bar = _Bar(f"sizing {spec.id}")

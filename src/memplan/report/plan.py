@@ -85,8 +85,9 @@ def _rows_table(title: str, rows: list[Evaluated], top: int | None = None) -> Ta
 def render_plan(res: PlanResult, top: int = 10, rejected: int = 8) -> Any:
     """The top plans, the Pareto front and the rejected families."""
     best = res.ranked
-    head = Text(f"{res.model_id} on {res.cluster.describe()}; global batch "
-                f"{res.global_batch if res.global_batch is not None else 'as given'} sequences. "
+    batch = (f"global batch {res.global_batch} sequences" if res.global_batch is not None
+             else "micro-batch x accumulation held as given")
+    head = Text(f"{res.model_id} on {res.cluster.describe()}; {batch}. "
                 f"{res.candidates_evaluated} candidates evaluated in {res.seconds:.2f} s, "
                 f"{len(best)} fit.")
     parts: list[Any] = [head]
