@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from .spec import Component, ModelSpec, Tensor
 
-__all__ = ["target_modules", "ia3_roles", "ln_tuning_norm"]
+__all__ = ["target_modules", "ia3_roles", "ln_tuning_norm", "ln_tuning_leaves"]
 
 
 def target_modules(spec: ModelSpec, roles: Iterable[str]) -> list[str]:
@@ -67,3 +67,9 @@ def ln_tuning_norm(spec: ModelSpec, t: Tensor) -> bool:
     leaf = t.name.rsplit(".", 1)[0].split(".")[-1]
     wanted = _LN_TUNING.get(spec.model_type)
     return leaf in wanted if wanted is not None else leaf not in _QK_NORMS
+
+
+def ln_tuning_leaves(model_type: str) -> frozenset[str]:
+    """The norm leaf names LN tuning trains in ``model_type`` (PEFT's table); empty: every norm
+    but the q/k norms."""
+    return frozenset(_LN_TUNING.get(model_type, ()))

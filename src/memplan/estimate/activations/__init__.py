@@ -16,7 +16,7 @@ from ...units import dtype_bytes
 from ..layout import Stage
 from ...facts import Dtypes
 from ..peft import LORA_LIKE, adapted_roles
-from ...model.peft_targets import ia3_roles
+from ...model.peft_targets import ia3_roles, ln_tuning_leaves
 from .blocks import Ctx
 from .compose import compose, signatures
 from .families import stage_graph
@@ -51,6 +51,8 @@ def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
                method=("lora" if lora else str(m.kind)) if adapted else "",
                ia3_ff=ia3_roles(spec.model_type)[1] if m.kind == "ia3" else frozenset(),
                bias_trained=m.kind == "bitfit", norms_trained=m.kind == "ln-tuning",
+               norm_leaves=ln_tuning_leaves(spec.model_type) if m.kind == "ln-tuning"
+               else frozenset(),
                prefix=m.virtual_tokens if m.kind == "prefix-tuning" else 0,
                prompt=m.virtual_tokens if m.kind == "prompt-tuning" else 0,
                input_grad=m.kind == "adapter",

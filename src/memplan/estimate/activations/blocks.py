@@ -62,6 +62,8 @@ class Ctx:
     """The base's biases train while its weights are frozen (BitFit)."""
     norms_trained: bool = False
     """The norms' weights train while the rest is frozen (LN tuning's trainable copies)."""
+    norm_leaves: frozenset[str] = frozenset()
+    """LN tuning's trained norms (leaf names, PEFT's table); empty: all but q/k norms."""
     prefix: int = 0
     """Prefix tuning: key/value positions added to every attention (``virtual_tokens``)."""
     prompt: int = 0
@@ -190,11 +192,18 @@ class Blocks:
         return y
 
     # -- norms ---------------------------------------------------------------------------------
-    def rmsnorm(self, x: Tensor, h: int, *, gemma: bool = False) -> Tensor:
-        """HF ``LlamaRMSNorm``: upcast to fp32, ``pow``/``mean``/``rsqrt``, ``x * rsqrt``, cast
-        back, ``weight *`` (Gemma: ``(1 + weight) *`` in fp32, then cast back)."""
+    def _norm_trained(self, leaf: str) -> bool:
         c = self.c
-        trained, t = c.trained or c.norms_trained, x.nbytes // x.itemsize // h  # rows
+        if c.trained or not c.norms_trained:  # LN tuning: peft_targets.ln_tuning_norm's rule
+            return c.trained
+        return leaf in c.norm_leaves if c.norm_leaves else leaf not in ("q_norm", "k_norm")
+
+    def rmsnorm(self, x: Tensor, h: int, *, gemma: bool = False, leaf: str = "") -> Tensor:
+        """HF ``LlamaRMSNorm``: upcast to fp32, ``pow``/``mean``/``rsqrt``, ``x * rsqrt``, cast
+        back, ``weight *`` (Gemma: ``(1 + weight) *`` in fp32, then cast back). ``leaf``:
+        the module's name (LN tuning)."""
+        c = self.c
+        trained, t = self._norm_trained(leaf), x.nbytes // x.itemsize // h  # rows
         in_size = x.itemsize
         xf = self.cast(x, 4)
         sq = self.new(t * h, 4, xf.grad)
@@ -214,7 +223,7 @@ class Blocks:
             self.g.op([n, w], (out,), [n] if trained else [], grads=(n,), params=pg)
             return self.cast(out, in_size)
         nc = self.cast(n, in_size)
-        w_size = c.train_act if c.norms_trained and not c.trained else c.act
+        w_size = c.train_act if trained and not c.trained else c.act
         out = self.new(t * h, max(in_size, w_size), nc.grad or trained)
         self.g.op([nc, w], (out,), [nc] if trained else [], grads=(nc,), params=pg)
         return out

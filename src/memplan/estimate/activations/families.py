@@ -49,7 +49,7 @@ def _llama_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: int
     sandwich = tr.placement is NormPlacement.SANDWICH  # Gemma 2/3: 4 norms
     post_only = tr.placement is NormPlacement.POST
 
-    y = x if post_only else b.rmsnorm(x, h, gemma=gemma)
+    y = x if post_only else b.rmsnorm(x, h, gemma=gemma, leaf="input_layernorm")
     if a.kind == "mla":
         assert tr.mla is not None
         return _llama_rest(b, x, _mla_attention(b, y, h, tr.mla, heads, attention=attention,
@@ -66,8 +66,8 @@ def _llama_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: int
                  role=("v",))
     if tr.qk_norm is not QkNorm.NONE:
         full = tr.qk_norm is QkNorm.FULL
-        q = b.rmsnorm(q, heads * d if full else d, gemma=gemma)
-        k = b.rmsnorm(k, kv * d if full else d, gemma=gemma)
+        q = b.rmsnorm(q, heads * d if full else d, gemma=gemma, leaf="q_norm")
+        k = b.rmsnorm(k, kv * d if full else d, gemma=gemma, leaf="k_norm")
     q, k = b.rope(q), b.rope(k)
     if b.prefix is not None:  # prefix tuning: the cache prepends the learned keys and values
         k, v = prefix_kv(b, k, v, heads, kv, d, sdpa=attention != "eager")
@@ -88,9 +88,11 @@ def _llama_rest(b: Blocks, x: Tensor, o: Tensor, h: int, ffn: Any, tp: int, *, g
     """A Llama-style layer after the attention output projection ``o``: (post-norm), residual,
     norm, MLP or MoE, (post-norm), residual."""
     if sandwich or post_only:
-        o = b.rmsnorm(o, h, gemma=gemma)
+        o = b.rmsnorm(o, h, gemma=gemma, leaf="post_attention_layernorm")
     r = b.add(x, o)
-    y = r if post_only else b.rmsnorm(r, h, gemma=gemma)
+    y = r if post_only else b.rmsnorm(
+        r, h, gemma=gemma,
+        leaf="pre_feedforward_layernorm" if sandwich else "post_attention_layernorm")
     f = ffn.intermediate_size // tp
     if ffn.num_experts:
         m = _moe(b, y, h, ffn, tp)
@@ -100,7 +102,7 @@ def _llama_rest(b: Blocks, x: Tensor, o: Tensor, h: int, ffn: Any, tp: int, *, g
         act = b.unary(gt)  # silu / gelu_tanh save their input
         m = b.linear(b.mul(act, up), f, h, role=("down",))
     if sandwich or post_only:
-        m = b.rmsnorm(m, h, gemma=gemma)
+        m = b.rmsnorm(m, h, gemma=gemma, leaf="post_feedforward_layernorm")
     return b.add(r, m)
 
 
@@ -350,7 +352,7 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
         elif tr.norm is Norm.LAYER:
             x = b.layernorm(x, h)
         else:
-            x = b.rmsnorm(x, h, gemma=tr.norm is Norm.RMS_GEMMA)
+            x = b.rmsnorm(x, h, gemma=tr.norm is Norm.RMS_GEMMA, leaf="norm")
         if ctx.loss != "standard" and tr.causal:
             g.region = "loss"
             if ctx.loss == "chunked":
