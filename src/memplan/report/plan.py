@@ -64,15 +64,26 @@ def _merged(rows: list[Evaluated], top: int) -> list[tuple[Evaluated, list[str]]
     return out
 
 
+def _folded(same: list[str]) -> str:
+    """The rows folded into one: the variant itself when there is one, else how many and
+    which keys they change (a long list would squeeze the number columns)."""
+    if not same:
+        return ""
+    if len(same) == 1:
+        return f" (same numbers: {same[0]})"
+    keys = sorted({part.split("=")[0] for d in same for part in d.split(",")})
+    return f" (+{len(same)} with the same numbers: other {', '.join(keys)})"
+
+
 def _rows_table(title: str, rows: list[Evaluated], top: int | None = None) -> Table:
     t = Table(title=title, title_justify="left")
     for col, just in (("#", "right"), ("plan", "left"), ("tokens/s", "right"),
                       ("step", "right"), ("MFU", "right"), ("bottleneck", "left"),
                       ("GPU peak", "right"), ("headroom", "right"), ("host RAM/node", "right"),
                       ("NVMe/node", "right")):
-        t.add_column(col, justify=just, no_wrap=col == "plan")  # type: ignore[arg-type]
+        t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
     for i, (e, same) in enumerate(_merged(rows, top or len(rows)), 1):
-        name = recipe_summary(e) + (f" (same numbers: {'; '.join(same)})" if same else "")
+        name = recipe_summary(e) + _folded(same)
         t.add_row(str(i), name,
                   "-" if e.tokens_per_second is None else f"{e.tokens_per_second:,.0f}",
                   "-" if e.step_seconds is None else f"{e.step_seconds:.2f} s",
