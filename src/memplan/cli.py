@@ -6,16 +6,15 @@ Every subcommand catches ``MemplanError``, prints ``Error: <message>`` and exits
 
 from __future__ import annotations
 
-import json
 import os
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from .cli_options import FROM_HELP, fail as _fail, guard as _guard, host_option, recipe_options
+from .cli_options import FROM_HELP, host_option, recipe_options
+from .cli_options import check_format as _check_format, emit_json as _emit_json
+from .cli_options import fail as _fail, guard as _guard
 
 app = typer.Typer(
     add_completion=False,
@@ -23,20 +22,6 @@ app = typer.Typer(
     help="Will this training run fit? Per-GPU memory of LLM training, before a GPU-hour is spent.",
     pretty_exceptions_enable=False,
 )
-
-_FORMATS = ("table", "json")
-
-
-def _check_format(fmt: str) -> None:
-    if fmt not in _FORMATS:
-        from .errors import did_you_mean
-
-        _fail(f"--format {fmt!r} is not one of {', '.join(_FORMATS)}.{did_you_mean(fmt, _FORMATS)}")
-
-
-def _emit_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2) + "\n")
-
 
 def _host_memory_bytes() -> int:
     try:
@@ -264,78 +249,6 @@ def nodes(format: Annotated[str, Opt("--format", help="table | json.")] = "table
         Console().print(render_nodes(rows))
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def measure(
-    ctx: typer.Context,
-    out: Annotated[Path, Opt(help="Folder for the report (memplan-measure.json/.png).")] = Path(
-        "memplan-measure"),
-    against: Annotated[Path | None, Opt(help="A `memplan estimate/trace --format json` file: "
-                                             "print the error per category.")] = None,
-    interval: Annotated[float, Opt(help="Sampling interval of RSS / allocator, seconds.")] = 0.01,
-    no_tensors: Annotated[bool, Opt("--no-tensors", help="Skip live-tensor tracking (faster; "
-                                                         "no categories).")] = False,
-    format: Annotated[str, Opt("--format", help="table | json.")] = "table",
-) -> None:
-    """Run a command and measure it: `memplan measure -- python train.py ...`. The child (each
-    rank under torchrun) writes a report in the estimate's JSON schema and a timeline PNG."""
-    _check_format(format)
-    cmd = list(ctx.args)
-    if not cmd:
-        _fail("no command to measure. Usage: memplan measure [OPTIONS] -- python train.py ...")
-    from .measure.precheck import check_measure_inputs
-
-    expected = _guard(lambda: check_measure_inputs(cmd, out, against, interval))
-
-    def run() -> Any:
-        from .measure.cli_run import run_measured
-
-        return run_measured(cmd, out, interval_s=interval, track_tensors=not no_tensors)
-
-    code, report = _guard(run)
-    rows = None
-    if against is not None:
-        def compare() -> Any:
-            from .measure.aggregate import compare as cmp
-
-            return cmp(report.breakdown, expected)
-
-        rows = _guard(compare)
-    from .measure.aggregate import NO_PLOT, plot_available
-
-    if not plot_available():
-        typer.echo(NO_PLOT, err=True)
-    if format == "json":
-        _emit_json({"report": str(out), "exit_code": code, "comparison": rows,
-                    "peak_allocated_bytes": max(r.peak_allocated_bytes
-                                                for r in report.breakdown.ranks),
-                    "ended": {r: e.to_dict() for r, e in report.endings.items()},
-                    "ranks_missing": list(report.ranks_missing)})
-    else:
-        from rich.console import Console
-
-        from .units import fmt_bytes
-
-        console = Console()
-        worst = report.breakdown.worst
-        console.print(f"measured: peak {fmt_bytes(worst.peak_allocated_bytes)} at "
-                      f"{worst.peak_moment.label} ({worst.peak_step} step); host RSS peak "
-                      f"{fmt_bytes(report.peak_rss_bytes)}; report in {out}/")
-        for r, e in report.endings.items():
-            if e.how != "completed" or e.report_errors:
-                who = f"rank {r}" if report.world_size > 1 else "run"
-                console.print(f"{who} ended: {e.diagnosis}"
-                              + "".join(f"; {x}" for x in e.report_errors))
-        if report.ranks_missing:
-            console.print(f"no report from rank(s) {', '.join(map(str, report.ranks_missing))}")
-        if rows is not None:
-            from .report.measured import render_comparison
-
-            console.print(render_comparison(rows, [k for k in rows[0] if k not in (
-                "what", "measured", "error_pct_of_peak", "unmodelled")][0]))
-    if code:
-        raise typer.Exit(code)
-
-
 @app.command()
 def validate(
     device: Annotated[str, Opt(help="cpu | cuda.")] = "cpu",
@@ -417,8 +330,11 @@ def serve(
 
 from .cli_calibrate import calibrate_command  # noqa: E402  (issue #19)
 from .cli_export import export_command  # noqa: E402  (issue #14)
+from .cli_measure import measure_command  # noqa: E402  (issue #18)
 app.command("calibrate")(calibrate_command)
 app.command("export")(export_command)
+app.command("measure", context_settings={"allow_extra_args": True,
+                                         "ignore_unknown_options": True})(measure_command)
 from .cli_plan import register as _register_plan; _register_plan(app)  # noqa: E402,E702  (issue #13)
 
 

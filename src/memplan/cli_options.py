@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
+import sys
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
@@ -114,3 +116,20 @@ def guard(fn: Callable[[], T], *, stdout_to_stderr: bool = False) -> T:
     except MemplanError as e:
         fail(str(e), e.exit_code)
         raise AssertionError("unreachable") from None
+
+
+FORMATS = ("table", "json")
+"""The ``--format`` choices of the commands that print a result."""
+
+
+def check_format(fmt: str) -> None:
+    """Exit 2 unless ``fmt`` is one of ``FORMATS``."""
+    if fmt not in FORMATS:
+        from .errors import did_you_mean
+
+        fail(f"--format {fmt!r} is not one of {', '.join(FORMATS)}.{did_you_mean(fmt, FORMATS)}")
+
+
+def emit_json(data: Any) -> None:
+    """One JSON document on stdout (indented)."""
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")

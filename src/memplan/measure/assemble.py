@@ -6,7 +6,7 @@ also knows how the process ended. Both paths share ``build_report``. No torch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..breakdown import Breakdown, Category, Item, Moment, Phase, Pool, RankBreakdown, Step
@@ -123,6 +123,9 @@ def _ending(records: list[dict[str, Any]], samples: list[dict[str, Any]],
     where = (f"in step {step}, {moment or phase}" if phase else
              "between steps" if step is not None else "before the first step")
     oom = CudaOom.from_dict(exc["cuda_oom"]) if exc and exc.get("cuda_oom") else None
+    seen = next((r for r in reversed(records) if r["kind"] == "oom_snapshot"), None)
+    if oom is not None and seen is not None:  # torch's OOM observer ran first (cuda_oom.py)
+        oom = replace(oom, snapshot=seen["summary"])
     errors = []
     if not closed and how in ("completed", "exit"):
         errors.append(f"the process record stops at t={last_t:.2f} s without its "

@@ -51,6 +51,9 @@ class CudaOom:
     """``X is reserved by PyTorch but unallocated`` (fragmentation, in the allocator's words)."""
     allocator: dict[str, int] | None = None
     """``torch.cuda`` counters read when the exception was raised (CUDA only)."""
+    snapshot: dict[str, Any] | None = None
+    """The allocator's state when the request failed (``oom.summarize_snapshot`` of torch's OOM
+    observer's snapshot; CUDA only)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]

@@ -61,6 +61,7 @@ from ..runtime.labels import BATCH, OPTIMIZER, ROOT, ModuleLabeller
 from ..runtime.steps import StepMeasurement, step_record
 from ..runtime.tracker import StorageTracker, Window, graph_task_id
 from .assemble import assemble
+from .cuda_oom import watch_cuda_oom
 from .ending import parse_cuda_oom, signal_name
 from .report import Counters, MeasureReport
 from .sampler import Nvml, Sampler, host_total_bytes, rss_bytes
@@ -121,6 +122,8 @@ class Session:
                                else torch.cuda.current_device())
             torch.cuda.reset_peak_memory_stats(self.cuda_index)
             self.nvml = Nvml(self.cuda_index)
+            if watch_cuda_oom(lambda rec: self._record(rec, flush=True)):
+                self._stack.callback(watch_cuda_oom, None)
         self.tracker = StorageTracker(before_op=self._before_op)
         self.tracker.start_timing()
         self.labeller = None
