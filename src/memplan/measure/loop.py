@@ -231,9 +231,10 @@ class Session:
     def _open_step(self) -> None:
         t = self.tracker
         t.compact()
-        mark_grads(t, self._params(), self._owners)
-        if self.optimizer is not None:
-            mark_optimizer_state(t, self.optimizer, self._owners)
+        if self.track_tensors:  # counters only: no tensor is attributed, so none is marked
+            mark_grads(t, self._params(), self._owners)
+            if self.optimizer is not None:
+                mark_optimizer_state(t, self.optimizer, self._owners)
         open_step(t, len(self.steps))
 
     def _params(self) -> list[torch.Tensor]:
@@ -245,7 +246,7 @@ class Session:
 
     def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
         t = self.tracker
-        if self.model is None and id(module) not in self._seen_modules:
+        if self.model is None and self.track_tensors and id(module) not in self._seen_modules:
             self._seen_modules.add(id(module))
             mark_params(t, list(module.parameters(recurse=False))
                         + list(module.buffers(recurse=False)), {})
@@ -261,7 +262,8 @@ class Session:
         t = self.tracker
         if t.window is None:
             self._open_step()
-        mark_grads(t, [p for g in optimizer.param_groups for p in g["params"]], self._owners)
+        if self.track_tensors:
+            mark_grads(t, [p for g in optimizer.param_groups for p in g["params"]], self._owners)
         t.set_phase(Phase.OPTIMIZER)
         self._phase_record()
         t.owner = OPTIMIZER if self.labeller else ""
@@ -273,7 +275,7 @@ class Session:
         t = self.tracker
         if t.window is None:
             return
-        if optimizer is not None:
+        if optimizer is not None and self.track_tensors:
             mark_optimizer_state(t, optimizer, self._owners)
             mark_grads(t, [p for g in optimizer.param_groups for p in g["params"]], self._owners)
         w = close_step(t)
