@@ -65,14 +65,15 @@ def _merged(rows: list[Evaluated], top: int) -> list[tuple[Evaluated, list[str]]
 
 
 def _folded(same: list[str]) -> str:
-    """The rows folded into one: the variant itself when there is one, else how many and
-    which keys they change (a long list would squeeze the number columns)."""
+    """The rows folded into one (the title says: equal numbers): the variant itself when there
+    is one, else how many and which keys they change (a long list would squeeze the number
+    columns)."""
     if not same:
         return ""
     if len(same) == 1:
         return f" (same numbers: {same[0]})"
     keys = sorted({part.split("=")[0] for d in same for part in d.split(",")})
-    return f" (+{len(same)} with the same numbers: other {', '.join(keys)})"
+    return f" (+{len(same)} folded: other {', '.join(keys)})"
 
 
 def _rows_table(title: str, rows: list[Evaluated], top: int | None = None) -> Table:
