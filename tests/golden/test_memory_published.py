@@ -264,6 +264,19 @@ def _saved_modules(row: dict[str, str]) -> tuple[str, ...]:
     return ()
 
 
+def _loop(row: dict[str, str]) -> dict[str, object]:
+    """The training loop a row's source ran, where it is not the HF Trainer of torch >= 2.0.
+
+    hf-transformers-perf-doc (2022) ran the HF Trainer on torch 1.x: ``model.zero_grad()``
+    had ``set_to_none=False`` as its default (torch 2.0 changed it; torch/nn/modules/module.py
+    ``zero_grad``), and ``optim="adamw_hf"``, transformers' own ``AdamW``, steps one parameter
+    at a time (optimization.py: ``denom = exp_avg_sq.sqrt().add_(eps)`` per parameter)."""
+    if row["source_group"] != "hf-transformers-perf-doc":
+        return {}
+    impl = {"optimizer_impl": "for-loop"} if row["optimizer"] == "adamw" else {}
+    return {"set_to_none": False, **impl}
+
+
 def _engine(row: dict[str, str]) -> str | None:
     """The engine the row names (its notes), None when it names none (memplan assumes).
 
@@ -301,6 +314,7 @@ def _recipe(row: dict[str, str]) -> Recipe:
         kw["quant"] = row["base_quant"]
     if saved := _saved_modules(row):
         kw["modules_to_save"] = saved
+    kw.update(_loop(row))
     if engine := _engine(row):
         kw["engine"] = engine
     r = Recipe.of(**kw)
@@ -461,10 +475,6 @@ _FSDP1_INIT = (
     "({unsharded}); likely each rank materialises the full bf16 model on the GPU before "
     "sharding and the reserved pool keeps it. Not verified; memplan models the training step "
     "only.")
-_HF_2022_GRADS = (
-    "HF perf doc ran torch 1.x, whose Trainer model.zero_grad() keeps fp32 gradients "
-    "allocated between steps (set_to_none=False); memplan assumes torch>=2.0 (grads freed). "
-    "With grads held (grad_accum=2 as a proxy) the row is {fixed}. Recipe cannot express it.")
 XFAIL: dict[str, str] = {
     "GT001": "-37.7% vs the band top (7.98 GiB published, 4.36-4.97 predicted). "
              + _NF4_INIT.format(pred="4.4-5.0 GiB"),
@@ -480,20 +490,6 @@ XFAIL: dict[str, str] = {
              "sharded bf16 weights, above the published total. At seq 512 memplan gives "
              "22.79-25.00 (inside the band): the run most likely used unpacked Alpaca, not "
              "4096-token inputs. Data, not estimator.",
-    "GT110": "-12.1% (14.60 published, 12.83 predicted). "
-             + _HF_2022_GRADS.format(fixed="14.14 GiB, -3.1%"),
-    "GT113": "-15.5% (13.61 published, 11.50 predicted). "
-             + _HF_2022_GRADS.format(fixed="12.81 GiB, -5.9%"),
-    "GT115": "-15.0% (12.01 published, 10.21 predicted). "
-             + _HF_2022_GRADS.format(fixed="11.52 GiB, -4.1%"),
-    "GT117": "-14.9% (12.78 published, 10.87 predicted). "
-             + _HF_2022_GRADS.format(fixed="12.19 GiB, -4.6%"),
-    "GT112": "+19.1% (6.62 published, 7.88 predicted). memplan's peak is the optimizer step "
-             "with torch's foreach AdamW sqrt(exp_avg_sq) copy (1.25 GiB fp32); HF Trainer "
-             "2022 used transformers.AdamW (adamw_hf), a per-parameter loop whose largest "
-             "temporary is the 119 MiB embedding. Without the copy the peak is memplan's "
-             "forward/backward 5.24 GiB -> ~6.8 GiB nvidia-smi (+3 %). Recipe cannot express "
-             "the optimizer implementation.",
 }
 """Row id -> measured error and a diagnosis that was measured or computed (the text says how;
 validation/ground_truth_gpu.md has the long form)."""
@@ -623,15 +619,8 @@ def _two_sided() -> list[Case]:
     return [c for c in CASES if not c.upper_bound]
 
 
-_MEDIAN_MISS = (
-    "median |error| 14.9 % over the 18 fixed-length rows, above the 10 % an estimator limited "
-    "by the data's noise should reach. Measured cause: 11 of the 18 rows are outside "
-    "tolerance; 7 are diagnosed xfails (torch 1.x zero_grad x4, the optimizer implementation, "
-    "two published settings that cannot hold) and 3 are unexplained misses (GT010, "
-    "GT138, GT140), listed in validation/ground_truth_gpu.md.")
 
 
-@pytest.mark.xfail(strict=True, reason=_MEDIAN_MISS)
 def test_median_error():
     """Median absolute error over the A+B rows with a fixed sequence length (an upper-bound
     row's error is a distance to a range, not comparable), xfail and miss rows included. Bound

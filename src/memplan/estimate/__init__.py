@@ -20,6 +20,7 @@ from .model_states import model_state_items
 from .overhead import fragmentation_item, nccl_items, overhead_items
 from .activations import stage_points
 from .lines import Line
+from .loop import loop_lines
 from .optimizer_step import optimizer_step_items
 from .timeline import Instant, moments
 from .warnings import recipe_warnings
@@ -126,7 +127,9 @@ def _ranks(model: ModelSpec, recipe: Recipe, device: Device,
     ranks = []
     per_stage = recipe.parallelism.gpus // recipe.parallelism.pp
     for stage in layout(model, recipe, memo):
-        lines = model_state_items(stage, recipe, dt) + overhead_items(device, on_cpu)
+        states = model_state_items(stage, recipe, dt)
+        lines = states + loop_lines(model, stage, recipe, dt, states)
+        lines += overhead_items(device, on_cpu)
         lines += nccl_items(recipe, stage.index) + _step_lines(stage, recipe, dt)
         instants = _instants(model, stage, recipe, dt, memo)
         timeline = moments(lines, instants)

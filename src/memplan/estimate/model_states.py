@@ -108,9 +108,12 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
 
     # -- gradients -------------------------------------------------------------------------
     gb = dtype_bytes(dt.grad)
-    persistent = recipe.batch.grad_accum > 1 or recipe.precision.grad_dtype == "fp32"
+    persistent = (recipe.batch.grad_accum > 1 or recipe.precision.grad_dtype == "fp32"
+                  or not recipe.loop.set_to_none)
     grad_phases = ALL_PHASES if persistent else (B, O)
-    why = " kept across micro-batches (grad_accum > 1)" if recipe.batch.grad_accum > 1 else ""
+    why = (" kept across micro-batches (grad_accum > 1)" if recipe.batch.grad_accum > 1
+           else " kept across steps (zero_grad(set_to_none=False))"
+           if not recipe.loop.set_to_none else "")
     # torch gives a gradient its parameter's dtype: LoRA adapters keep the adapter dtype.
     grads = [(h, h.numel * (ab if h.adapter else gb)) for h in trainable]
     if off != "none" and z >= 2:

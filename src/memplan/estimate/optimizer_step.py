@@ -1,5 +1,6 @@
 """Memory that exists only inside ``optimizer.step()``: the optimizer's temporaries, and the
-per-tensor step counters torch keeps on the host.
+per-tensor step counters torch keeps on the host. ``optimizer_impl`` picks the path;
+``auto`` is torch's default for the device, as below.
 
 torch's Adam/AdamW pick an implementation by device (``_default_to_fused_or_foreach`` in
 ``torch/optim/optimizer.py``): on CUDA the *foreach* path, whose ``_multi_tensor_adam`` starts
@@ -39,15 +40,21 @@ def optimizer_step_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]
     out = []
     shard = recipe.parallelism.shard_degree if recipe.parallelism.zero >= 1 else 1
     fused_engine = str(recipe.engine_kind) in ("deepspeed", "megatron")
+    impl = str(recipe.optimizer.impl)
+    if impl == "auto":  # torch's default for the device (_default_to_fused_or_foreach)
+        impl = "foreach" if recipe.platform.device == "cuda" and facts.foreach_copy \
+            else "for-loop"
     if recipe.parallelism.zero >= 1 and facts.fused_under_zero and fused_engine:
         pass  # DeepSpeed FusedAdam / cpu_adam, Megatron TE FusedAdam: no temporaries
-    elif recipe.platform.device == "cuda" and facts.foreach_copy:
+    elif impl == "fused":
+        pass  # torch's fused AdamW/Adam (_fused_adamw_ kernels) updates in place
+    elif impl == "foreach" and facts.foreach_copy:
         n = sum(h.numel for h in trainable) // shard
         out.append(Item(category=Category.TEMPORARY, name="foreach Adam sqrt(exp_avg_sq) copy",
                         bytes=int(n * sb),
                         formula="one state-sized copy of every trainable tensor "
                         "(torch/optim/adam.py _multi_tensor_adam: torch._foreach_sqrt)"))
-    elif facts.step_temporaries:
+    elif facts.step_temporaries:  # the for-loop (optimizers without a foreach path too)
         big = max(h.numel for h in trainable) // shard
         k = facts.step_temporaries
         out.append(Item(category=Category.TEMPORARY, name=f"{opt} per-tensor temporaries",

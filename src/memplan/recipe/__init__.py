@@ -33,6 +33,7 @@ from .parts import (
     CheckpointingKind,
     DeviceKind,
     GradDtype,
+    Loop,
     Loss,
     LossKind,
     Method,
@@ -40,19 +41,22 @@ from .parts import (
     Offload,
     OffloadKind,
     Optimizer,
+    OptimizerImpl,
     OptimizerKind,
+    Outputs,
     Parallelism,
     Platform,
     Precision,
     PrecisionKind,
     Quant,
+    ZeroGradAt,
 )
 
 __all__ = [
     "Recipe", "Precision", "Optimizer", "Method", "Batch", "Parallelism", "Checkpointing",
     "Offload", "Loss", "Platform", "PrecisionKind", "OptimizerKind", "MethodKind", "Quant",
     "CheckpointingKind", "Attention", "LossKind", "OffloadKind", "DeviceKind", "GradDtype",
-    "PARTS", "KEYS", "PRECISIONS", "OPTIMIZERS", "METHODS", "QUANTS", "OFFLOADS",
+    "Loop", "Outputs", "ZeroGradAt", "OptimizerImpl", "PARTS", "KEYS", "PRECISIONS", "OPTIMIZERS", "METHODS", "QUANTS", "OFFLOADS",
     "read_recipe_toml", "read_recipe_file", "Engine", "EngineKind", "ENGINES",
 ]
 
@@ -93,6 +97,8 @@ class Recipe:
     """Device kind, attention kernel and allocator setting."""
     engine: Engine = field(default_factory=Engine)
     """The training engine (DDP, FSDP, DeepSpeed, Megatron, torchtitan) and its config knobs."""
+    loop: Loop = field(default_factory=Loop)
+    """The user's training loop: outputs kept or dropped, where zero_grad is called."""
     notes: tuple[str, ...] = field(default=(), compare=False)
     """Free-form remarks carried into the report."""
 
@@ -116,6 +122,12 @@ class Recipe:
             p.add("method=adapter needs adapter_params > 0: the number of parameters your "
                   "adapter trains (e.g. --adapter-params 4194304). For a named PEFT method use "
                   "its own method (lora, dora, ia3, ...).")
+        impl = self.optimizer.impl
+        if impl != "auto" and par.zero >= 1 and str(self.engine_kind) in ("deepspeed", "megatron"):
+            p.add(f"optimizer_impl={impl} picks a torch.optim implementation, but "
+                  f"{self.engine_kind} at zero={par.zero} steps its own fused Adam. Use "
+                  "optimizer_impl=auto, or an engine that steps torch.optim (ddp, fsdp1, fsdp2, "
+                  "torchtitan).")
         if m.kind != "qlora" and m.quant != "none":
             p.add(f"quant={m.quant} only applies to method=qlora: quantized base weights are "
                   "frozen, so full/freeze training cannot update them. Use method=qlora or "

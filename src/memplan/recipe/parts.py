@@ -79,6 +79,23 @@ class Quant(StrEnum):
     GPTQ_INT4 = "gptq-int4"
 
 
+class OptimizerImpl(StrEnum):
+    AUTO = "auto"
+    FOREACH = "foreach"
+    FOR_LOOP = "for-loop"
+    FUSED = "fused"
+
+
+class Outputs(StrEnum):
+    DROPPED = "dropped"
+    KEPT = "kept"
+
+
+class ZeroGradAt(StrEnum):
+    AFTER_STEP = "after-step"
+    BEFORE_BACKWARD = "before-backward"
+
+
 class AdapterDtype(StrEnum):
     FP32 = "fp32"
     BF16 = "bf16"
@@ -141,6 +158,11 @@ class Optimizer:
 
     kind: OptimizerKind = field(default=OptimizerKind.ADAMW, metadata=_key("optimizer"))
     """Optimizer; ``*-8bit`` and ``paged-*`` are the bitsandbytes optimizers."""
+    impl: OptimizerImpl = field(default=OptimizerImpl.AUTO, metadata=_key("optimizer_impl"))
+    """How a torch optimizer steps (``foreach=`` / ``fused=`` of torch.optim): ``auto``
+    (torch's default for the device: foreach on CUDA, the for-loop on CPU; DeepSpeed and
+    Megatron step their own fused Adam), ``foreach`` (one state-sized temporary of every
+    tensor at once), ``for-loop`` (temporaries of one tensor at a time), ``fused`` (none)."""
 
     def __post_init__(self) -> None:
         check_part(self)
@@ -329,9 +351,32 @@ class Platform:
         check_part(self)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Loop:
+    """The training loop around the step (issue #15): what the user's code keeps alive.
+
+    The default is the HF Trainer's loop: ``loss = model(**batch).loss`` (the outputs are
+    dropped before the backward) and ``zero_grad(set_to_none=True)`` after the step."""
+
+    outputs: Outputs = Outputs.DROPPED
+    """``kept``: the loop holds the model's outputs (``outputs = model(**batch); loss =
+    outputs.loss``, the HF course and Accelerate examples): the logits stay alive through the
+    backward and the optimizer step, and until the next forward returns."""
+    zero_grad: ZeroGradAt = ZeroGradAt.AFTER_STEP
+    """Where ``optimizer.zero_grad()`` is called: ``after-step`` (or before the forward: the
+    same), ``before-backward`` (PyTorch's tutorial: the previous step's gradients stay alive
+    through the next forward)."""
+    set_to_none: bool = True
+    """``zero_grad(set_to_none=...)``: True (torch >= 2.0's default) frees the gradients; False
+    (torch 1.x's default) zeroes them in place, so they stay allocated across steps."""
+
+    def __post_init__(self) -> None:
+        check_part(self)
+
+
 PARTS: dict[str, type] = {
     "precision": Precision, "optimizer": Optimizer, "method": Method, "batch": Batch,
     "parallelism": Parallelism, "checkpointing": Checkpointing, "offload": Offload,
-    "loss": Loss, "platform": Platform, "engine": Engine,
+    "loss": Loss, "platform": Platform, "engine": Engine, "loop": Loop,
 }
 """The parts of a ``Recipe``, by attribute name, in the order of the flat table."""

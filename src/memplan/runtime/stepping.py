@@ -87,6 +87,7 @@ Known limitations
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import torch
 
@@ -121,6 +122,9 @@ def measure_step(
     steps: int = 2,
     loss_fn: Callable[[torch.nn.Module, dict], torch.Tensor] | None = None,
     labels: bool = True,
+    outputs_kept: bool = False,
+    zero_grad_at: str = "after-step",
+    set_to_none: bool = True,
 ) -> list[StepMeasurement]:
     """Run ``steps`` real training steps and count live tensor bytes in each.
 
@@ -133,9 +137,18 @@ def measure_step(
     With ``labels`` (the default), module hooks (``memplan.runtime.labels``) split each phase
     into moments per module group (``forward: model.layers.3``...) and credit every storage to
     the group that holds it; the hooks allocate nothing, so the numbers are the same either way.
+
+    The loop variants of ``Recipe.loop``: ``outputs_kept`` holds ``outputs = model(**batch)``
+    until the next forward returns (the loss is ``outputs.loss``; transformers models only);
+    ``zero_grad_at="before-backward"`` calls ``zero_grad`` between the forward and the backward
+    instead of before the forward; ``set_to_none=False`` zeroes the gradients in place.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
+    if outputs_kept and loss_fn is not None:
+        raise ValueError("outputs_kept needs the model's own output (.loss); got a loss_fn")
+    if zero_grad_at not in ("after-step", "before-backward"):
+        raise ValueError(f"zero_grad_at={zero_grad_at!r} is not after-step or before-backward")
     loss_fn = loss_fn or _default_loss
     params = list(model.parameters())
     buffers = list(model.buffers())
@@ -145,13 +158,15 @@ def measure_step(
     labeller = ModuleLabeller(model, tracker) if labels else None
     owners = labeller.owner_of_tensor if labeller else {}
     results: list[StepMeasurement] = []
+    outputs = None  # the loop's variable under outputs_kept
     try:
         with tracker, torch.autograd.graph.saved_tensors_hooks(
             tracker.pack_hook, tracker.unpack_hook
         ):
             for step in range(steps):
                 tracker.set_phase(None)
-                optimizer.zero_grad(set_to_none=True)
+                if zero_grad_at == "after-step":  # after the last step = before this forward
+                    optimizer.zero_grad(set_to_none=set_to_none)
 
                 # State alive before the step: known by now, or registered here.
                 mark_params(tracker, params + buffers, owners)
@@ -164,12 +179,16 @@ def measure_step(
 
                 open_step(tracker, step)
                 tracker.set_phase(Phase.FORWARD)
-                if autocast_dtype is not None:
-                    with torch.autocast(device_type, dtype=autocast_dtype):
+                with (torch.autocast(device_type, dtype=autocast_dtype)
+                      if autocast_dtype is not None else nullcontext()):
+                    if outputs_kept:
+                        outputs = model(**batch)  # the last step's outputs die only now
+                        loss = outputs.loss
+                    else:
                         loss = loss_fn(model, batch)
-                else:
-                    loss = loss_fn(model, batch)
                 end_forward(tracker)
+                if zero_grad_at == "before-backward":
+                    optimizer.zero_grad(set_to_none=set_to_none)
                 loss.backward()
                 mark_grads(tracker, params, owners)
 
@@ -184,6 +203,7 @@ def measure_step(
                 del loss
                 results.append(step_measurement(tracker, w))
     finally:
+        del outputs
         tracker.close()
         if labeller is not None:
             labeller.detach()

@@ -79,6 +79,8 @@ class Workload:
     """``id``, ``params``, ``trainable_params``, ``layers``, ``source`` for the Breakdown."""
     notes: tuple[str, ...] = field(default=())
     """How the recipe was applied, where that is not obvious."""
+    loop: dict[str, Any] = field(default_factory=dict)
+    """``measure_step``'s loop arguments from ``Recipe.loop``."""
 
 
 def check_traceable(recipe: Recipe) -> tuple[str, ...]:
@@ -228,16 +230,23 @@ def _freeze(model: Any, keep: int) -> None:
             p.requires_grad_(True)
 
 
-def _optimizer(torch: Any, name: str, params: list[Any]) -> Any:
+_IMPL = {"auto": {}, "foreach": {"foreach": True}, "for-loop": {"foreach": False},
+         "fused": {"fused": True}}
+"""``Recipe.optimizer.impl`` as torch.optim keyword arguments (auto: torch's default)."""
+
+
+def _optimizer(torch: Any, name: str, params: list[Any], impl: str = "auto") -> Any:
+    kw = _IMPL[impl]
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=_LR)
+        return torch.optim.AdamW(params, lr=_LR, **kw)
     if name == "adam":
-        return torch.optim.Adam(params, lr=_LR)
+        return torch.optim.Adam(params, lr=_LR, **kw)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=_LR)
+        return torch.optim.SGD(params, lr=_LR, **kw)
     if name == "sgd-momentum":
-        return torch.optim.SGD(params, lr=_LR, momentum=0.9)
-    return torch.optim.Adafactor(params, lr=1e-2)
+        return torch.optim.SGD(params, lr=_LR, momentum=0.9, **kw)
+    return torch.optim.Adafactor(params, lr=1e-2, **{k: v for k, v in kw.items()
+                                                      if k == "foreach"})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -368,7 +377,8 @@ def build_workload(built: Built, recipe: Recipe) -> Workload:
         ids = torch.randint(0, _vocab(model, torch), (recipe.batch.micro_batch, recipe.batch.seq_len))
         batch = {"input_ids": ids, "labels": ids.clone()}
         trainable = [p for p in model.parameters() if p.requires_grad]
-        optimizer = _optimizer(torch, recipe.optimizer.kind, trainable)
+        optimizer = _optimizer(torch, recipe.optimizer.kind, trainable,
+                               str(recipe.optimizer.impl))
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     hf = type(base).__module__.startswith("transformers.")
     from .labels import layer_stack
@@ -379,5 +389,11 @@ def build_workload(built: Built, recipe: Recipe) -> Workload:
                      layers=len(model.get_submodule(stack)) if stack else 0,
                      source=built.source)
     _, autocast = _torch_dtype(torch, recipe.precision.kind)
+    if recipe.loop.outputs == "kept" and not hf:
+        raise TraceError("outputs=kept holds a transformers model output (outputs.loss, "
+                         "outputs.logits); this model has none. Use outputs=dropped.")
     return Workload(model=model, optimizer=optimizer, batch=batch, autocast_dtype=autocast,
-                    loss_fn=None if hf else _generic_loss, info=info, notes=built.notes)
+                    loss_fn=None if hf else _generic_loss, info=info, notes=built.notes,
+                    loop=dict(outputs_kept=recipe.loop.outputs == "kept",
+                              zero_grad_at=str(recipe.loop.zero_grad),
+                              set_to_none=recipe.loop.set_to_none))

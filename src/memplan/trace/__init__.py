@@ -47,7 +47,7 @@ def _steps(w: Workload, steps: int) -> list[Any]:
     from ..runtime.stepping import measure_step
 
     return measure_step(w.model, w.batch, w.optimizer, autocast_dtype=w.autocast_dtype,
-                        loss_fn=w.loss_fn, steps=steps)
+                        loss_fn=w.loss_fn, steps=steps, **w.loop)
 
 
 def trace(model: str, recipe: Recipe, device: Device, *, steps: int = 2) -> Breakdown:
