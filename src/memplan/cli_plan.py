@@ -217,7 +217,7 @@ def plan_command(
 
     from .report.plan import render_plan
 
-    Console(width=None if sys.stdout.isatty() else 230).print(render_plan(res, top))
+    Console(width=None if sys.stdout.isatty() else 250).print(render_plan(res, top))
     if save_best is not None:
         Console().print(f"best plan written to {save_best}")
 
