@@ -23,8 +23,9 @@ HOW = "measured: live storage bytes (memplan.measure.session)"
 def build_report(*, rank: int, world: int, model: ModelInfo, device: DeviceInfo,
                  steps: Sequence[StepMeasurement], counters: Counters, cuda: bool,
                  samples: Sequence[dict[str, Any]] = (), tensors: Sequence[dict[str, Any]] = (),
-                 end: RunEnd | None = None) -> MeasureReport:
-    """The report of one rank (see ``MeasureReport``)."""
+                 end: RunEnd | None = None, seen: dict[str, Any] | None = None) -> MeasureReport:
+    """The report of one rank (see ``MeasureReport``); ``seen``: what the run showed of its
+    recipe (the optimizer and its implementation), as recipe keys."""
     notes: list[str] = []
     outside: tuple[Item, ...] = ()
     alloc = counters.allocator
@@ -63,7 +64,8 @@ def build_report(*, rank: int, world: int, model: ModelInfo, device: DeviceInfo,
     role = f"rank {rank}" if world > 1 else "every rank"
     rb = RankBreakdown(role=role, ranks=1, moments=moments, outside=outside,
                        unmodelled=unmodelled, notes=tuple(notes))
-    b = Breakdown(source="measure", model=model, recipe={}, device=device, ranks=(rb,))
+    b = Breakdown(source="measure", model=model, recipe=dict(seen or {}), device=device,
+                  ranks=(rb,))
     return MeasureReport(breakdown=b, rank=rank, world_size=world, counters=counters,
                          samples=tuple(samples), tensors=tuple(tensors), end=end)
 
@@ -160,4 +162,6 @@ def assemble(records: list[dict[str, Any]], parent: ParentView | None = None) ->
                         model=ModelInfo.from_dict(start["model"]),
                         device=DeviceInfo.from_dict(start["device"]), steps=steps,
                         counters=counters, cuda=bool(start.get("cuda")), samples=samples,
-                        tensors=tensors, end=end)
+                        tensors=tensors, end=end,
+                        seen=next(({k: v for k, v in r.items() if k != "kind"}
+                                   for r in records if r["kind"] == "optimizer"), None))

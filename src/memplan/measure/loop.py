@@ -54,6 +54,7 @@ from ..runtime.book import (
     mark_optimizer_state,
     mark_params,
     open_step,
+    optimizer_impl,
     step_measurement,
     tensors_of,
 )
@@ -75,7 +76,6 @@ for each rank under torchrun, and the aggregate ``<stem>.json`` by rank 0)."""
 
 _TIMELINE_POINTS = 400  # per step, enough for a plot
 
-
 class Session:
     """Measures everything between ``__enter__`` and ``__exit__``; see the module docstring."""
 
@@ -84,11 +84,9 @@ class Session:
                  interval_s: float = 0.01, track_tensors: bool = True, plot: bool = True,
                  flush_s: float = FLUSH_S):
         self.model, self.optimizer = model, optimizer
-        self.flush_s = flush_s
+        self.flush_s, self.interval_s, self.plot = flush_s, interval_s, plot
         self.out = Path(out) if out is not None else None
-        self.interval_s = interval_s
-        self.track_tensors = track_tensors
-        self.plot = plot
+        self.track_tensors, self._opt_seen = track_tensors, False
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.steps: list[StepMeasurement] = []
@@ -264,6 +262,9 @@ class Session:
             self._open_step()
         if self.track_tensors:
             mark_grads(t, [p for g in optimizer.param_groups for p in g["params"]], self._owners)
+        if not self._opt_seen:  # how the user's optimizer steps (foreach / fused / for-loop)
+            self._opt_seen = True
+            self._record({"kind": "optimizer", **optimizer_impl(optimizer)})
         t.set_phase(Phase.OPTIMIZER)
         self._phase_record()
         t.owner = OPTIMIZER if self.labeller else ""
