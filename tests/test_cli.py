@@ -175,3 +175,13 @@ def test_guard_keeps_library_prints_off_stdout(capsys):
     assert guard(lambda: print("library noise") or 7, stdout_to_stderr=True) == 7
     out, err = capsys.readouterr()
     assert out == "" and "library noise" in err
+
+
+def test_version_prints_and_exits():
+    from typer.testing import CliRunner
+
+    from memplan import __version__
+    from memplan.cli import app
+
+    r = CliRunner().invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output.strip() == f"memplan {__version__}"

@@ -23,6 +23,21 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"memplan {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                               help="Print memplan's version and exit.")] = False,
+          ) -> None:
+    """Will this training run fit? Per-GPU memory of LLM training, before a GPU-hour is spent."""
+
+
 def _host_memory_bytes() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -148,8 +163,19 @@ def trace(
 
         name, _ = apply_hardware_options(gpu, hardware=hardware, gpu_memory=gpu_memory,
                                          gpu_set=gpu_set)
-        return api.trace_from_names(model, api.load_recipe(recipe, flags), name or gpu,
-                                    _host_memory_bytes())
+        job = api.load_recipe(recipe, flags)
+        note = _cpu_fallback(job, flags, recipe)
+        if note:
+            job = job.with_keys(device="cpu", attention="sdpa" if job.platform.attention ==
+                                "flash" else str(job.platform.attention))
+            typer.echo(f"note: {note}", err=True)
+        result = api.trace_from_names(model, job, name or gpu, _host_memory_bytes())
+        if note:
+            from dataclasses import replace
+
+            result = replace(result, model=replace(result.model, notes=tuple(
+                result.model.notes or ()) + (note,)))
+        return result
 
     result = _guard(run, stdout_to_stderr=True)
     if format == "json":
@@ -166,6 +192,24 @@ def trace(
     console.print(render_breakdown(by_category(result)))
     if modules:
         console.print(render_modules(result.worst.peak_moment, limit=modules))
+
+
+def _cpu_fallback(job: Any, flags: dict[str, Any] | None, recipe: Path | None) -> str | None:
+    """Why ``trace`` runs CPU kernels instead of the default ``device = cuda`` (None: it does
+    not): fake CUDA tensors need a CUDA build of torch, and the README's install is the CPU
+    wheel. A device the user chose (flag or recipe file) is kept, and refused with the fix."""
+    import torch
+
+    if job.platform.device != "cuda" or torch.backends.cuda.is_built():
+        return None
+    from .recipe import read_recipe_file
+
+    if "device" in (flags or {}) or (recipe is not None and "device" in read_recipe_file(recipe)):
+        return None
+    return (f"torch {torch.__version__} has no CUDA build, so the trace runs CPU kernels "
+            "(device=cpu; flash attention as sdpa): attention and optimizer temporaries follow "
+            "the CPU kernels. Install a CUDA wheel of torch and pass --device cuda for CUDA "
+            "kernels (no GPU needed).")
 
 
 def _need_torch(what: str) -> None:
