@@ -101,6 +101,7 @@ def estimate_from_names(model: str | ModelSpec, recipe: Recipe, machine: Machine
     config.json); ``search_micro_batch=False`` skips the largest-micro-batch search (several more
     estimates), leaving ``max_micro_batch`` None."""
     machine = machine or Machine()
+    load = (setup or HostSetup()).load  # the GPU's load phase reads the host's load mode
     preset = get_node(machine.node) if machine.node else None
     if preset is not None and recipe.parallelism.gpus_per_node == 0:
         recipe = recipe.with_keys(gpus_per_node=min(recipe.parallelism.gpus, preset.gpus))
@@ -118,7 +119,7 @@ def estimate_from_names(model: str | ModelSpec, recipe: Recipe, machine: Machine
                                 if cpu else get_device(machine.gpu or "H100-80GB"))
     if recipe.platform.device == "cpu":
         return estimate(spec, recipe, cpu_device(machine.host_memory_bytes),
-                        search_micro_batch=search_micro_batch)
+                        search_micro_batch=search_micro_batch, load=load)
     device = get_device(machine.gpu if machine.gpu is not None
                         else (preset.gpu if preset else "H100-80GB"))
     hw = node_hardware(
@@ -127,7 +128,7 @@ def estimate_from_names(model: str | ModelSpec, recipe: Recipe, machine: Machine
         nvme_bytes=parse_size(machine.nvme, "--nvme") if machine.nvme else None,
         pcie_gen=machine.pcie)
     return with_host_and_time(estimate(spec, recipe, device,
-                                       search_micro_batch=search_micro_batch),
+                                       search_micro_batch=search_micro_batch, load=load),
                               spec, recipe, device, hw, setup, calibration)
 
 

@@ -40,19 +40,27 @@ class Category(StrEnum):
 
 
 class Phase(StrEnum):
-    """Phases of one training step, in order."""
+    """Phases of a run, in order: loading the model (before the first step), then the phases of
+    one training step."""
 
+    LOAD = "load"
+    """Building, loading, sharding and quantising the model before the first step
+    (``Step.INIT`` only; ``memplan.estimate.load``)."""
     FORWARD = "forward"
     BACKWARD = "backward"
     OPTIMIZER = "optimizer-step"
 
 
-ALL_PHASES: tuple[Phase, ...] = tuple(Phase)
+ALL_PHASES: tuple[Phase, ...] = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
+"""The phases of a training step (``Phase.LOAD`` happens once, before the first step)."""
 
 
 class Step(StrEnum):
     """Which training step a moment belongs to."""
 
+    INIT = "init"
+    """Before the first step: the model is built, loaded, sharded and quantised
+    (``Phase.LOAD``). The caching allocator keeps what this reserved (no ``empty_cache``)."""
     FIRST = "first"
     """Step 0: lazily created state (torch optimizers' ``exp_avg``...) appears inside it."""
     STEADY = "steady"
@@ -143,7 +151,8 @@ class RankBreakdown:
     ranks: int
     """How many ranks of the job have this role."""
     moments: tuple[Moment, ...]
-    """The step's timeline, in order (first step, then steady state). Never empty."""
+    """The run's timeline, in order: loading (``Step.INIT``, estimator only), the first step,
+    then the steady state. Never empty."""
     outside: tuple[Item, ...] = ()
     """Lines outside the allocated pool at the peak: allocator slack (``RESERVED``), memory
     outside PyTorch (``DEVICE``) and offloaded states (``HOST``, ``NVME``)."""
@@ -203,6 +212,11 @@ class RankBreakdown:
     def steady_peak_allocated_bytes(self) -> int:
         return self.step_peak(Step.STEADY)
 
+    @property
+    def load_peak_allocated_bytes(self) -> int:
+        """Peak allocated while the model is loaded, before the first step (0: not described)."""
+        return self.step_peak(Step.INIT)
+
     # -- totals at the peak ------------------------------------------------------------
     @property
     def items(self) -> tuple[Item, ...]:
@@ -249,6 +263,7 @@ class RankBreakdown:
             "peak_allocated_bytes": self.peak_allocated_bytes,
             "first_step_peak_allocated_bytes": self.first_step_peak_allocated_bytes,
             "steady_peak_allocated_bytes": self.steady_peak_allocated_bytes,
+            "load_peak_allocated_bytes": self.load_peak_allocated_bytes,
             "peak_reserved_bytes": self.peak_reserved_bytes,
             "device_total_bytes": self.device_total_bytes,
             "peak_phase": str(peak.phase),
@@ -336,6 +351,8 @@ class Breakdown:
                                                        for r in self.ranks),
                 "steady_peak_allocated_bytes": max(r.steady_peak_allocated_bytes
                                                    for r in self.ranks),
+                "load_peak_allocated_bytes": max(r.load_peak_allocated_bytes
+                                                 for r in self.ranks),
                 "peak_reserved_bytes": max(r.peak_reserved_bytes for r in self.ranks),
                 "device_total_bytes": worst.device_total_bytes,
                 "capacity_bytes": self.capacity_bytes,
@@ -353,7 +370,8 @@ class Breakdown:
         ranks = tuple(RankBreakdown.from_dict(r) for r in gpu.pop("per_rank"))
         mmb = gpu.pop("max_micro_batch", None)
         for derived in ("peak_allocated_bytes", "first_step_peak_allocated_bytes",
-                        "steady_peak_allocated_bytes", "peak_reserved_bytes",
+                        "steady_peak_allocated_bytes", "load_peak_allocated_bytes",
+                        "peak_reserved_bytes",
                         "device_total_bytes", "headroom_bytes", "fits"):
             gpu.pop(derived, None)
         return cls(source=d["source"], model=ModelInfo.from_dict(d["model"]), recipe=d["recipe"],

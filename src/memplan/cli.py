@@ -7,6 +7,7 @@ Every subcommand catches ``MemplanError``, prints ``Error: <message>`` and exits
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,9 +26,7 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from . import __version__
-
-        typer.echo(f"memplan {__version__}")
+        typer.echo(f"memplan {sys.modules[__package__].__version__}")
         raise typer.Exit()
 
 

@@ -37,3 +37,33 @@ def test_gt120_bert_large_fp32_weights_plus_context():
     335,143,938 vs 335,174,458 parameters (0.01 %)."""
     got = _params("bert-large-uncased", Recipe.of(precision="32-true"), "V100-16GB") + 1343 * MIB
     assert got == pytest.approx(2631 * MIB, rel=0.01)
+
+
+def _load_reserved(recipe: Recipe) -> float:
+    """Predicted ``max_memory_reserved`` after model init: the load phase's peak + slack."""
+    r = estimate(load_model("meta-llama/Llama-2-7b-hf"), recipe, get_device("A100-80GB"),
+                 search_micro_batch=False).worst
+    return r.load_peak_allocated_bytes * 1.05 / GIB  # overhead.FRAGMENTATION_FRACTION
+
+
+def test_gt038_lora_reserved_after_init_is_the_load_phase():
+    """GT038 read through the load phase: reserved after init 13.98 GB = 13.02 GiB (torchtune
+    qlora tutorial @0914d5cfb logs peak allocated 13.96 GB at init). Two-sided, 5 %."""
+    got = _load_reserved(Recipe.of(method="lora", lora_rank=8, lora_targets=("q", "v"),
+                                   adapter_dtype="bf16", precision="bf16-true"))
+    assert got == pytest.approx(13.02, rel=0.05)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "-19.8% (8.50 GiB published, 6.82 predicted): the load phase holds the weights (3.64 GiB) "
+    "and torchao 0.1's to_nf4 of the largest weight (2.86 GiB, 68 B per element measured on "
+    "CPU); the rest is reserved, not allocated, and likely the allocator's block splitting "
+    "across the 224 quantisations; not measured (no GPU lent)."))
+def test_gt039_qlora_reserved_after_init_is_the_load_phase():
+    """GT039: torchtune qlora tutorial @0914d5cfb (torchao==0.1), QLoRA 7B reserved after model
+    init 9.13 GB = 8.50 GiB. Two-sided, 10 % (README caveat 9)."""
+    got = _load_reserved(Recipe.of(
+        method="qlora", quant="nf4-dq", quantizer="torchao-0.1", lora_rank=8,
+        lora_targets=("q", "k", "v", "o", "gate", "up", "down"), adapter_dtype="bf16",
+        precision="bf16-true"))
+    assert got == pytest.approx(8.50, rel=0.10)

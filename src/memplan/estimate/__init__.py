@@ -20,6 +20,7 @@ from .model_states import model_state_items
 from .overhead import fragmentation_item, nccl_items, overhead_items
 from .activations import stage_points
 from .lines import Line
+from .load import load_moments
 from .loop import loop_lines
 from .optimizer_step import optimizer_step_items
 from .timeline import Instant, moments
@@ -119,8 +120,10 @@ def inflight_microbatches(pp: int, stage: int, virtual: int, microbatches: int) 
 
 
 def _ranks(model: ModelSpec, recipe: Recipe, device: Device,
-           memo: dict[object, object] | None = None) -> tuple[RankBreakdown, ...]:
-    """One ``RankBreakdown`` per pipeline stage (the recipe is already checked)."""
+           memo: dict[object, object] | None = None,
+           load: str = "full") -> tuple[RankBreakdown, ...]:
+    """One ``RankBreakdown`` per pipeline stage (the recipe is already checked): the load
+    phase, then the first and the steady step."""
     dt = dtypes(recipe)
     sdt = state_dtypes(recipe)  # the engine's stored states (FSDP: fp32 shards, no master)
     on_cpu = recipe.platform.device == "cpu"
@@ -132,7 +135,8 @@ def _ranks(model: ModelSpec, recipe: Recipe, device: Device,
         lines += overhead_items(device, on_cpu)
         lines += nccl_items(recipe, stage.index) + _step_lines(stage, recipe, dt)
         instants = _instants(model, stage, recipe, dt, memo)
-        timeline = moments(lines, instants)
+        timeline = load_moments(stage, recipe, dt, lines, load=load,
+                                capacity_bytes=device.capacity_bytes) + moments(lines, instants)
         outside = [ln.item for ln in lines if ln.item.pool != Pool.ALLOCATED]
         slack = fragmentation_item(max(m.allocated_bytes for m in timeline), recipe)
         if slack is not None:
@@ -144,18 +148,21 @@ def _ranks(model: ModelSpec, recipe: Recipe, device: Device,
 
 def estimate(model: ModelSpec, recipe: Recipe, device: Device, *,
              search_micro_batch: bool = True,
-             memo: dict[object, object] | None = None) -> Breakdown:
+             memo: dict[object, object] | None = None, load: str = "full") -> Breakdown:
     """Estimate per-rank GPU memory of training ``model`` with ``recipe`` on ``device``: the
     step's timeline per rank role, its peak, and the largest micro-batch that fits.
     ``memo``: a dict kept by a caller estimating many recipes of this one ``model``
     (``memplan.plan``): the activation simulation is reused where its inputs repeat.
+    ``load``: how ranks read the checkpoint (``HostSetup.load``: full, rank0, sharded, meta);
+    with the engine and the quantiser it decides the load phase (``estimate/load.py``).
 
     Raises:
         ConfigError: the recipe cannot apply to this model (all problems listed).
     """
     check_compatible(model, recipe)
-    ranks = _ranks(model, recipe, device, memo)
-    mmb = max_micro_batch(model, recipe, device) if search_micro_batch else None
+    _check_load(load)
+    ranks = _ranks(model, recipe, device, memo, load)
+    mmb = max_micro_batch(model, recipe, device, load=load) if search_micro_batch else None
     return Breakdown(
         source="estimate",
         model=ModelInfo(id=model.id, model_type=model.model_type, params=model.num_params,
@@ -170,24 +177,35 @@ def estimate(model: ModelSpec, recipe: Recipe, device: Device, *,
     )
 
 
-def _fits(model: ModelSpec, recipe: Recipe, device: Device, micro_batch: int) -> bool:
+def _check_load(load: str) -> None:
+    from ..errors import ConfigError
+    from ..recipe.host import LOAD_MODES
+
+    if load not in LOAD_MODES:
+        raise ConfigError([f"load={load!r} is not one of {', '.join(LOAD_MODES)}: choose how "
+                           "ranks read the checkpoint (host.load)."])
+
+
+def _fits(model: ModelSpec, recipe: Recipe, device: Device, micro_batch: int,
+          load: str = "full") -> bool:
     batch = replace(recipe.batch, micro_batch=micro_batch)
-    ranks = _ranks(model, replace(recipe, batch=batch), device)
+    ranks = _ranks(model, replace(recipe, batch=batch), device, load=load)
     return all(r.device_total_bytes <= device.capacity_bytes for r in ranks)
 
 
-def max_micro_batch(model: ModelSpec, recipe: Recipe, device: Device, limit: int = 4096) -> int:
+def max_micro_batch(model: ModelSpec, recipe: Recipe, device: Device, limit: int = 4096, *,
+                    load: str = "full") -> int:
     """Largest micro-batch (everything else unchanged) whose every rank fits ``device``; 0 when
     not even 1 does. Doubling, then bisection: about 2 log2(answer) estimates."""
-    if not _fits(model, recipe, device, 1):
+    if not _fits(model, recipe, device, 1, load):
         return 0
     lo = 1
-    while lo < limit and _fits(model, recipe, device, min(2 * lo, limit)):
+    while lo < limit and _fits(model, recipe, device, min(2 * lo, limit), load):
         lo = min(2 * lo, limit)
     hi = min(2 * lo, limit + 1)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _fits(model, recipe, device, mid):
+        if _fits(model, recipe, device, mid, load):
             lo = mid
         else:
             hi = mid

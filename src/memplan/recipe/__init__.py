@@ -50,11 +50,12 @@ from .parts import (
     PrecisionKind,
     Quant,
     ZeroGradAt,
+    Quantizer,
 )
 
 __all__ = [
     "Recipe", "Precision", "Optimizer", "Method", "Batch", "Parallelism", "Checkpointing",
-    "Offload", "Loss", "Platform", "PrecisionKind", "OptimizerKind", "MethodKind", "Quant",
+    "Offload", "Loss", "Platform", "PrecisionKind", "OptimizerKind", "MethodKind", "Quant", "Quantizer",
     "CheckpointingKind", "Attention", "LossKind", "OffloadKind", "DeviceKind", "GradDtype",
     "Loop", "Outputs", "ZeroGradAt", "OptimizerImpl", "PARTS", "KEYS", "PRECISIONS", "OPTIMIZERS", "METHODS", "QUANTS", "OFFLOADS",
     "read_recipe_toml", "read_recipe_file", "Engine", "EngineKind", "ENGINES",

@@ -96,6 +96,12 @@ class ZeroGradAt(StrEnum):
     BEFORE_BACKWARD = "before-backward"
 
 
+class Quantizer(StrEnum):
+    BITSANDBYTES = "bitsandbytes"
+    TORCHAO = "torchao"
+    TORCHAO_0_1 = "torchao-0.1"
+
+
 class AdapterDtype(StrEnum):
     FP32 = "fp32"
     BF16 = "bf16"
@@ -203,6 +209,12 @@ class Method:
     """Storage of the frozen base under ``qlora``: ``nf4``, ``nf4-dq`` (double-quantized
     scales, QLoRA's default), ``int8`` (LLM.int8), ``gptq-int4`` (a GPTQ 4-bit checkpoint, group
     size 128, loaded by auto-gptq, e.g. Qwen's -Int4 models). ``none`` for every other method."""
+    quantizer: Quantizer = Quantizer.BITSANDBYTES
+    """Library that quantises the base on the GPU while the model loads (``qlora`` with ``nf4``,
+    ``nf4-dq`` or ``int8``; its largest temporary is a moment of the load phase):
+    ``bitsandbytes`` (PEFT / HF ``BitsAndBytesConfig``), ``torchao`` (torchtune's
+    ``NF4Tensor``, torchao >= 0.2: quantised in chunks of 2^20 elements), ``torchao-0.1``
+    (torchtune until May 2024: the whole weight at once, 64 B per element of temporaries)."""
     freeze_trainable_layers: int = field(default=2, metadata={"min": 1})
     """With ``method = freeze``: how many last layers train (LLaMA-Factory's default is 2)."""
     virtual_tokens: int = field(default=20, metadata={"min": 1})

@@ -65,9 +65,12 @@ def _totals(rank: RankBreakdown, capacity: int,
         peaks = rank.phase_peaks(step)
         t.add_row(f"{step} step, peak by phase",
                   "  ".join(f"{p}: {fmt_bytes(b)}" for p, b in peaks.items()))
+    if rank.load_peak_allocated_bytes:
+        t.add_row("load, before step 0", fmt_bytes(rank.load_peak_allocated_bytes))
     peak = rank.peak_moment
+    when = "before the first step" if peak.step == Step.INIT else f"{peak.step} step"
     t.add_row("peak allocated", f"{fmt_bytes(rank.peak_allocated_bytes)}  at {peak.label} "
-              f"({peak.step} step)  = torch.cuda.max_memory_allocated")
+              f"({when})  = torch.cuda.max_memory_allocated")
     t.add_row("peak reserved", f"{fmt_bytes(rank.peak_reserved_bytes)}  = max_memory_reserved")
     t.add_row("device total", f"{fmt_bytes(rank.device_total_bytes)}  = nvidia-smi")
     for pool in (Pool.HOST, Pool.NVME):

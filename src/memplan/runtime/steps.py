@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..breakdown import Breakdown, Category, Item, Moment, Phase, RankBreakdown, Step
+from ..breakdown import ALL_PHASES, Breakdown, Category, Item, Moment, Phase, RankBreakdown, Step
 from ..results import DeviceInfo, ModelInfo
 
 __all__ = ["ALL_GROUPS", "CATEGORIES", "PHASES", "MomentMeasurement", "StepMeasurement",
            "module_table", "moments_of", "step_from_record", "step_record", "to_breakdown"]
 
-PHASES: tuple[Phase, ...] = tuple(Phase)
+PHASES: tuple[Phase, ...] = ALL_PHASES
 """The phases of a step, in order."""
 
 CATEGORIES: tuple[Category, ...] = (Category.PARAMS, Category.GRADIENTS, Category.OPTIMIZER,
