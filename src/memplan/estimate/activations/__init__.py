@@ -104,13 +104,15 @@ def stage_traffic(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
     read off a two-layer graph: its ops are the same for every layer, so the second layer's
     traffic stands for each of the middle ones. ``memo``: as for ``stage_points``."""
     ctx, args = _graph_args(spec, stage, recipe, dt)
-    key = ("stage_traffic", stage.layers, ctx, *args.values())
-    if memo is not None and key in memo:
-        return memo[key]  # type: ignore[return-value]
     layers = stage.layers
     sigs = signatures(spec, memo if memo is not None else {})
     short = (args["train_from"] is None and len(layers) > 2
              and len({sigs[i] for i in layers}) == 1)
+    # stages of the same layer kinds move the same bytes wherever they sit in the model
+    where = (sigs[layers.start], len(layers)) if short else (layers,)
+    key = ("stage_traffic", *where, ctx, *args.values())
+    if memo is not None and key in memo:
+        return memo[key]  # type: ignore[return-value]
     built = range(layers.start, layers.start + 2) if short else layers
     per_region = graph_traffic(stage_graph(spec, built, ctx, **args))  # type: ignore[arg-type]
     total = sum(per_region.values(), Traffic())
