@@ -5,8 +5,10 @@ tp x pp x cp):
 
 - **compute** = per-GEMM rooflines of the linear layers and the attention kernels at their
   published efficiency (``kernels.py``; fp8 only on linear layers);
-- **hbm** = bytes of memory-bound kernels (norms, residuals, rotary, activations, eager
-  attention scores, cross-entropy, the GPU optimizer step) / (HBM spec x 0.83);
+- **hbm** = bytes of memory-bound kernels, read off the estimator's op graph
+  (``estimate/activations/traffic.py``: op by op in eager, boundary tensors only when fused
+  under ``compile`` or Megatron), plus the GPU optimizer step, / (HBM spec x 0.83);
+- **launch** = kernels of the graph x 5 us of CPU each, exposed where issuing outlasts the GPU;
 - **nvlink / network** = collectives (``comms.py``) over the link each group crosses;
 - **pcie** = offload transfers (ZeRO-Offload: gradients out, parameters back: 2 B + 2 B per
   element of the partition, facts §3.6; ZeRO-3 CPU offload: parameter shards in for forward and
@@ -17,7 +19,8 @@ tp x pp x cp):
 
 Overlap rules (stated in every result): compute and HBM kernels run one after another on the
 stream (their sum is GPU busy time); TP, EP and PP-p2p collectives sit on the critical path
-(no comm/compute overlap for TP); DP/ZeRO/FSDP collectives, CP ring passes, ZeRO-3 parameter
+(no comm/compute overlap for TP); DP/ZeRO/FSDP collectives by the engine's rule
+(``overlap.py``: the serial part on the critical path, the rest overlapped), CP ring passes, ZeRO-3 parameter
 fetches over PCIe, NVMe parameter reads and data loading overlap with the forward/backward and
 only their excess over the critical path is exposed; the pipeline bubble is (pp - 1) / m of the
 critical path (1F1B, Narayanan et al. 2021 §2.2; interleaving not modelled); after backward, the
@@ -25,7 +28,8 @@ CPU optimizer step (overlapped with its NVMe swaps) and the ZeRO-Offload paramet
 serial while the GPU waits.
 
 **Known limitations**: one matmul efficiency for every GEMM shape (small hidden sizes and TP
-shards are slower, so predictions are optimistic there); no kernel-launch or Python overhead; no
+shards are slower, so predictions are optimistic there); launches at the low end of the CPU
+cost, with whole-step run-ahead (a lower bound); no SM contention between NCCL and compute; no
 contention between GPUs sharing a PCIe switch or socket; FP8 matmuls are charged at the FP8
 peak, which real FP8 training does not reach (casts and scaling).
 """
