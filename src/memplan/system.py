@@ -6,25 +6,48 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .breakdown import Breakdown
+from .errors import UnsupportedModel
+from .estimate.activations import stage_traffic
+from .estimate.layout import layout
+from .facts import dtypes
 from .hardware import Device
 from .host import HostSetup, NodeHardware, estimate_host
 from .model.spec import ModelSpec
 from .recipe import Recipe
+from .results import Traffic
 from .timing import estimate_time
 from .timing.calibration import Calibration
 
-__all__ = ["with_host_and_time"]
+__all__ = ["with_host_and_time", "rank_traffic"]
+
+
+def rank_traffic(model: ModelSpec, recipe: Recipe,
+                 memo: dict[object, object] | None = None) -> Traffic | None:
+    """Memory-bound bytes and kernel launches of one micro-batch on one rank, from the same op
+    graph as the activation estimate, averaged over the pipeline stages (the rest of the step
+    time spreads the model evenly over them); None for a model without an op graph."""
+    dt = dtypes(recipe)
+    try:
+        stages = layout(model, recipe, memo)
+        per = [stage_traffic(model, st, recipe, dt, memo) for st in stages]
+    except UnsupportedModel:
+        return None
+    return sum(per, Traffic()).scaled(1 / len(per)) if per else None
 
 
 def with_host_and_time(b: Breakdown, model: ModelSpec, recipe: Recipe, device: Device,
                        hw: NodeHardware, setup: HostSetup | None = None,
-                       calibration: Calibration | None = None) -> Breakdown:
+                       calibration: Calibration | None = None,
+                       memo: dict[object, object] | None = None) -> Breakdown:
     """``b`` with ``host``, ``nvme`` and ``time`` filled in (``time`` stays None when the GPU
-    has no dense peak for the compute dtype; nothing is added for ``device = cpu``)."""
+    has no dense peak for the compute dtype; nothing is added for ``device = cpu``).
+    ``memo``: the estimator's memo for this model (``memplan plan``), reused for the op graph's
+    traffic."""
     if recipe.platform.device == "cpu":
         return b
     setup = setup or HostSetup()
     host, nvme = estimate_host(b, model, recipe, hw, setup)
     trainable = b.model.trainable_params
-    time = estimate_time(model, recipe, device, hw, setup, trainable, calibration)
+    time = estimate_time(model, recipe, device, hw, setup, trainable, calibration,
+                         rank_traffic(model, recipe, memo))
     return replace(b, host=host, nvme=nvme, time=time)

@@ -4,9 +4,10 @@ Rows: ``data/throughput.csv``, one published run each with its citation (torchti
 performance tables, the Llama 3 paper's Table 4). Tolerance: predicted tokens/s per GPU (or
 model TFLOP/s per GPU) within +-35 % of the published figure, fixed before the efficiency model
 of ``timing/kernels.py`` was written. GEMMs are per-shape rooflines capped at 0.81 of peak (an
-H100 GEMM measurement), attention runs at the FlashAttention papers' fraction of peak; there is
-still no kernel-launch or framework overhead and no power-cap clock model, so the model
-over-predicts where those matter. It models 1F1B without interleaving, so it over-counts the
+H100 GEMM measurement), attention runs at the FlashAttention papers' fraction of peak,
+memory-bound kernels move the op graph's bytes (eager or fused, by the row's engine and
+compile columns), kernel launches and the engine's DP overlap rule are charged; there is still
+no SM contention and no power-cap clock model, so the model over-predicts where those matter. It models 1F1B without interleaving, so it over-counts the
 pipeline bubbles of interleaved schedules. Nothing here was fitted to these rows.
 
 A row with an ``xfail`` diagnosis is a strict xfail: it must keep missing until the cause it

@@ -188,7 +188,8 @@ class Evaluator:
         """The estimate of one candidate: what ``memplan estimate`` prints, without the
         largest-micro-batch search."""
         b = estimate(self.spec, recipe, self.device, search_micro_batch=False, memo=self.memo)
-        return with_host_and_time(b, self.spec, recipe, self.device, self.hw, self.setup)
+        return with_host_and_time(b, self.spec, recipe, self.device, self.hw, self.setup,
+                                  memo=self.memo)
 
     def evaluate(self, recipe: Recipe, *, full: bool = False) -> Evaluated | None:
         """The candidate's numbers; None when the estimator refuses the recipe for this model
@@ -200,7 +201,8 @@ class Evaluator:
                          memo=self.memo)
             totals = [r.device_total_bytes for r in b.ranks]
             if full or max(totals) <= b.capacity_bytes:  # Breakdown.fits
-                b = with_host_and_time(b, self.spec, recipe, self.device, self.hw, self.setup)
+                b = with_host_and_time(b, self.spec, recipe, self.device, self.hw,
+                                       self.setup, memo=self.memo)
         except MemplanError:
             return None
         self.evaluated += 1

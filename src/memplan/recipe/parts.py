@@ -358,6 +358,10 @@ class Platform:
     expandable_segments: bool = False
     """``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``: the caching allocator maps memory
     in pages on demand, which removes most of its fragmentation (PyTorch default: off)."""
+    compile: bool = False
+    """``torch.compile`` around the model (Inductor): elementwise chains run as fused kernels.
+    Used by the step time only (memory-bound traffic and kernel launches); the memory estimate
+    is that of the eager graph."""
 
     def __post_init__(self) -> None:
         check_part(self)

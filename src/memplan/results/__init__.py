@@ -4,6 +4,8 @@ host, timing, trace or measure. ``Breakdown`` (``memplan.breakdown``) carries th
 from .host import MOMENTS, HostEstimate, HostLine, NvmeEstimate
 from .info import AllocatorCounters, DeviceInfo, ModelInfo
 from .time import RESOURCES, ResourceTime, TimeEstimate
+from .traffic import Traffic
 
 __all__ = ["AllocatorCounters", "DeviceInfo", "HostEstimate", "HostLine", "ModelInfo",
-           "MOMENTS", "NvmeEstimate", "RESOURCES", "ResourceTime", "TimeEstimate"]
+           "MOMENTS", "NvmeEstimate", "RESOURCES", "ResourceTime", "TimeEstimate",
+           "Traffic"]

@@ -19,9 +19,10 @@ def validation_band() -> tuple[float, float]:
                         .read_text())["band"]
     return float(row["error_min"]), float(row["error_max"])
 
-RESOURCES = ("compute", "hbm", "nvlink", "network", "pcie", "nvme", "cpu", "data",
+RESOURCES = ("compute", "hbm", "launch", "nvlink", "network", "pcie", "nvme", "cpu", "data",
              "pipeline bubble")
-"""Where step time goes. ``nvlink`` is intra-node GPU traffic, ``network`` inter-node."""
+"""Where step time goes. ``nvlink`` is intra-node GPU traffic, ``network`` inter-node,
+``launch`` the CPU issuing kernels when the GPU runs them faster."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -5,8 +5,10 @@ tp x pp x cp):
 
 - **compute** = per-GEMM rooflines of the linear layers and the attention kernels at their
   published efficiency (``kernels.py``; fp8 only on linear layers);
-- **hbm** = bytes of memory-bound kernels (norms, residuals, rotary, activations, eager
-  attention scores, cross-entropy, the GPU optimizer step) / (HBM spec x 0.83);
+- **hbm** = bytes of memory-bound kernels, read off the estimator's op graph
+  (``estimate/activations/traffic.py``: op by op in eager, boundary tensors only when fused
+  under ``compile`` or Megatron), plus the GPU optimizer step, / (HBM spec x 0.83);
+- **launch** = kernels of the graph x 5 us of CPU each, exposed where issuing outlasts the GPU;
 - **nvlink / network** = collectives (``comms.py``) over the link each group crosses;
 - **pcie** = offload transfers (ZeRO-Offload: gradients out, parameters back: 2 B + 2 B per
   element of the partition, facts §3.6; ZeRO-3 CPU offload: parameter shards in for forward and
@@ -17,7 +19,8 @@ tp x pp x cp):
 
 Overlap rules (stated in every result): compute and HBM kernels run one after another on the
 stream (their sum is GPU busy time); TP, EP and PP-p2p collectives sit on the critical path
-(no comm/compute overlap for TP); DP/ZeRO/FSDP collectives, CP ring passes, ZeRO-3 parameter
+(no comm/compute overlap for TP); DP/ZeRO/FSDP collectives by the engine's rule
+(``overlap.py``: the serial part on the critical path, the rest overlapped), CP ring passes, ZeRO-3 parameter
 fetches over PCIe, NVMe parameter reads and data loading overlap with the forward/backward and
 only their excess over the critical path is exposed; the pipeline bubble is (pp - 1) / m of the
 critical path (1F1B, Narayanan et al. 2021 §2.2; interleaving not modelled); after backward, the
@@ -25,7 +28,8 @@ CPU optimizer step (overlapped with its NVMe swaps) and the ZeRO-Offload paramet
 serial while the GPU waits.
 
 **Known limitations**: one matmul efficiency for every GEMM shape (small hidden sizes and TP
-shards are slower, so predictions are optimistic there); no kernel-launch or Python overhead; no
+shards are slower, so predictions are optimistic there); launches at the low end of the CPU
+cost, with whole-step run-ahead (a lower bound); no SM contention between NCCL and compute; no
 contention between GPUs sharing a PCIe switch or socket; FP8 matmuls are charged at the FP8
 peak, which real FP8 training does not reach (casts and scaling).
 """
@@ -44,7 +48,8 @@ from ..units import dtype_bytes
 from .calibration import Calibration
 from .comms import Link, allreduce_s, gather_s, group_link
 from .flops import token_flops
-from ..results import ResourceTime, TimeEstimate
+from .overlap import dp_overlap
+from ..results import ResourceTime, TimeEstimate, Traffic
 from ..results.time import validation_band
 from .kernels import attention_efficiency, kernel_seconds
 
@@ -92,12 +97,22 @@ def _hbm_bytes_per_token(model: ModelSpec, recipe: Recipe, tp: int) -> float:
     return fwd * passes + ce
 
 
+def fused_kernels(recipe: Recipe) -> bool:
+    """Elementwise chains run fused: under ``torch.compile`` (Inductor), or Megatron-Core
+    (Transformer Engine / Apex fused norm, rotary, bias-activation and softmax kernels)."""
+    return recipe.platform.compile or str(recipe.engine_kind) == "megatron"
+
+
 def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
                   setup: HostSetup, trainable: int,
-                  calibration: Calibration | None = None) -> TimeEstimate | None:
+                  calibration: Calibration | None = None,
+                  traffic: Traffic | None = None) -> TimeEstimate | None:
     """Step time of ``recipe`` on ``device`` GPUs in ``hw`` nodes; None when the catalog has
     no dense peak for the compute dtype (the reason is the caller's to report). Rates measured
-    by ``memplan calibrate`` (``calibration``) replace the sourced defaults they cover."""
+    by ``memplan calibrate`` (``calibration``) replace the sourced defaults they cover.
+    ``traffic``: memory-bound bytes and kernels of one micro-batch on one rank, from the
+    estimator's op graph (``estimate.activations.stage_traffic``); without it the per-hidden
+    byte counts of ``_hbm_bytes_per_token`` stand in and launches are not timed."""
     peak_t, key = peak_tflops(device, recipe)
     if not peak_t or recipe.platform.device == "cpu":
         return None
@@ -138,8 +153,17 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     part = elems_rank / (par.shard_degree if par.zero >= 1 else 1)
     opt_bytes = (0.0 if recipe.offload.kind != "none"
                  else constant("optimizer_bytes_per_param_gpu") * part)
-    hbm_bytes = _hbm_bytes_per_token(model, recipe, tp) * tokens_replica / split + opt_bytes
+    fused = fused_kernels(recipe)
+    if traffic is not None:
+        hbm_bytes = (traffic.fused_bytes if fused else traffic.eager_bytes) * m + opt_bytes
+        kernels = (traffic.fused_kernels if fused else traffic.eager_kernels) * m
+    else:
+        hbm_bytes = _hbm_bytes_per_token(model, recipe, tp) * tokens_replica / split + opt_bytes
+        kernels = 0.0
+        notes.append("memory-bound kernels from per-hidden byte counts (no op graph for this "
+                     "model): launches not timed")
     t_hbm = hbm_bytes / hbm if hbm else 0.0
+    t_issue = kernels * constant("kernel_launch_cpu_seconds")
     if not hbm:
         notes.append(f"{device.name} has no HBM bandwidth in the catalog: memory-bound kernels "
                      "not timed")
@@ -179,14 +203,17 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     pb = dtype_bytes(dt.param)
     n = recipe.parallelism.shard_degree if recipe.parallelism.zero else recipe.parallelism.dp * cp
     dp_link = group_link(tp, n, local, intra, inter)
+    dp_gather = 0.0
     if recipe.parallelism.zero == 3:
-        dp_s = (2 * t(gather_s(elems_rank * pb, n, dp_link), "DP link")
-                + t(gather_s(elems_rank * gb, n, dp_link), "DP link")) * m
+        dp_gather = 2 * t(gather_s(elems_rank * pb, n, dp_link), "DP link") * m
+        dp_reduce = t(gather_s(elems_rank * gb, n, dp_link), "DP link") * m
     elif recipe.parallelism.zero == 2:
-        dp_s = (t(gather_s(elems_rank * gb, n, dp_link), "DP link") * m
-                + t(gather_s(elems_rank * pb, n, dp_link), "DP link"))
+        dp_reduce = t(gather_s(elems_rank * gb, n, dp_link), "DP link") * m
+        dp_gather = t(gather_s(elems_rank * pb, n, dp_link), "DP link")
     else:
-        dp_s = t(allreduce_s(elems_rank * gb, n, dp_link), "DP link")
+        dp_reduce = t(allreduce_s(elems_rank * gb, n, dp_link), "DP link")
+    dpo = dp_overlap(recipe, gather_s=dp_gather, reduce_s=dp_reduce,
+                     grad_bytes=elems_rank * gb, layers=layers_rank)
     kv = max((ly.attention.num_kv_heads * (ly.attention.head_dim + ly.attention.v_head_dim)
               for ly in model.layers if ly.attention), default=0)
     cp_link = group_link(tp, cp, local, intra, inter)
@@ -225,8 +252,11 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
                 / constant("tokenizer_bytes_per_s_per_node"))
 
     busy = t_compute + t_hbm
-    critical = busy + t_tp + t_ep + t_pp
-    over = {dp_link.name: dp_s, "pcie": pcie_ovl, "nvme": nvme_ovl, "data": data}
+    # the CPU issues kernels asynchronously: the GPU waits only when issuing takes longer
+    # than running them (whole-step run-ahead: a lower bound on the launch-bound time)
+    t_launch = max(0.0, t_issue - busy)
+    critical = busy + t_launch + t_tp + t_ep + t_pp + dpo.serial
+    over = {dp_link.name: dpo.hidden, "pcie": pcie_ovl, "nvme": nvme_ovl, "data": data}
     over[cp_link.name] = over.get(cp_link.name, 0.0) + t_cp
     fwd_bwd = max([critical, *over.values()])
     excess_name = max(over, key=lambda k: over[k])
@@ -235,12 +265,12 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     opt_serial = max(cpu, nvme_opt)
     step = fwd_bwd + bubble + opt_serial + pcie_serial
 
-    exposed = {r: 0.0 for r in ("compute", "hbm", "nvlink", "network", "pcie", "nvme", "cpu",
-                                "data", "pipeline bubble")}
+    exposed = {r: 0.0 for r in ("compute", "hbm", "launch", "nvlink", "network", "pcie", "nvme",
+                                "cpu", "data", "pipeline bubble")}
     busy_s = dict.fromkeys(exposed, 0.0)
-    exposed["compute"], exposed["hbm"] = t_compute, t_hbm
-    busy_s["compute"], busy_s["hbm"] = t_compute, t_hbm
-    for link, s in ((tp_link, t_tp), (ep_link, t_ep), (pp_link, t_pp)):
+    exposed["compute"], exposed["hbm"], exposed["launch"] = t_compute, t_hbm, t_launch
+    busy_s["compute"], busy_s["hbm"], busy_s["launch"] = t_compute, t_hbm, t_issue
+    for link, s in ((tp_link, t_tp), (ep_link, t_ep), (pp_link, t_pp), (dp_link, dpo.serial)):
         exposed[link.name] += s
         busy_s[link.name] += s
     for name, s in over.items():
@@ -262,11 +292,17 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
         "compute": f"GEMMs {kt.linear_s * m:.3g} s (rooflines at {eff:.0%} of {peak_t:g} "
                    f"TFLOP/s {key}), attention {kt.attention_s * m:.3g} s (fwd/bwd at "
                    f"{att_f:.0%}/{att_b:.0%} of {att_peak_t:g} TFLOP/s)",
-        "hbm": "norms, residuals, activations, cross-entropy, GPU optimizer step at "
-               f"{constant('hbm_efficiency'):.0%} of {device.hbm_gb_per_s} GB/s",
-        "nvlink": "intra-node collectives (TP/EP/PP on the critical path; DP/ZeRO/CP overlapped)",
-        "network": "inter-node collectives (TP/EP/PP on the critical path; DP/ZeRO/CP "
-                   "overlapped)",
+        "hbm": f"memory-bound kernels ({'fused chains' if fused else 'op by op, eager'}: norms, "
+               "rotary, activations, casts, softmax, cross-entropy; bytes from the op graph) "
+               f"and the GPU optimizer step at {constant('hbm_efficiency'):.0%} of "
+               f"{device.hbm_gb_per_s} GB/s",
+        "launch": f"{kernels:,.0f} kernel launches x "
+                  f"{constant('kernel_launch_cpu_seconds') * 1e6:g} us of CPU each; exposed "
+                  "where issuing outlasts the GPU work",
+        "nvlink": f"intra-node collectives (TP/EP/PP on the critical path; DP: {dpo.rule}; CP "
+                  "overlapped)",
+        "network": f"inter-node collectives (TP/EP/PP on the critical path; DP: {dpo.rule}; "
+                   "CP overlapped)",
         "pcie": "offload transfers (gradients out and parameter fetches overlapped; "
                 "ZeRO-Offload parameter upload serial)",
         "nvme": "ZeRO-Infinity swaps (optimizer swaps overlap the CPU step)",
@@ -285,8 +321,11 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
         f"GEMMs: roofline of each linear layer's shape, at most {eff:.0%} of the dense {key} "
         "peak (H100 GEMM measurement, rates.toml); attention at the FlashAttention papers' "
         "fraction of the 16-bit peak (fp8 only on linear layers)",
-        "compute and memory-bound kernels serial; TP/EP/PP comm on the critical path; "
-        "DP/ZeRO/CP comm, parameter fetches and data loading overlapped with forward/backward",
+        "compute and memory-bound kernels serial; memory-bound bytes "
+        + ("of fused elementwise chains" if fused else "op by op (eager)")
+        + " from the estimator's op graph; kernel launches exposed where the CPU is slower; "
+        "TP/EP/PP comm on the critical path; DP comm by the engine's overlap rule ("
+        + dpo.rule + "); CP comm, parameter fetches and data loading overlapped",
         "CPU optimizer step and ZeRO-Offload parameter upload serial after backward",
     )
     replicas = recipe.parallelism.gpus // split

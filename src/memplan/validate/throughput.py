@@ -51,8 +51,10 @@ def _predict(row: dict[str, str]) -> float:
     from ..system import with_host_and_time
 
     ints = ("gpus", "zero", "tp", "pp", "cp", "micro_batch", "seq_len", "grad_accum")
+    flags = {k: row[k] == "true" for k in ("compile", "overlap_comm") if row.get(k)}
     r = Recipe.of(gpus_per_node=8, checkpointing=row["checkpointing"], attention=row["attention"],
-               precision=row["precision"], **{k: int(row[k]) for k in ints})
+                  precision=row["precision"], engine=row.get("engine") or "auto", **flags,
+                  **{k: int(row[k]) for k in ints})
     d = get_device(row["gpu"])
     if row["hbm_gb_per_s"]:
         d = replace(d, hbm_gb_per_s=float(row["hbm_gb_per_s"]))

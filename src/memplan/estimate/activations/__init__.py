@@ -21,8 +21,9 @@ from .blocks import Ctx
 from .compose import compose, signatures
 from .families import stage_graph
 from .graph import Point, simulate
+from .traffic import Traffic, graph_traffic
 
-__all__ = ["Point", "stage_points"]
+__all__ = ["Point", "Traffic", "stage_points", "stage_traffic"]
 
 
 def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
@@ -72,12 +73,7 @@ def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
     ``memo``: a dict the caller keeps for one ``spec`` (``memplan.plan`` evaluating many
     recipes of one model); results are stored under exactly the arguments the graph is built
     from, so a hit returns what the simulation would (the points are shared: read only)."""
-    ctx = _context(spec, recipe, dt)
-    args = dict(first=stage.index == 0, last=stage.index == recipe.parallelism.pp - 1,
-                tp=recipe.parallelism.tp, attention=str(recipe.platform.attention),
-                checkpointing=str(recipe.checkpointing.kind),
-                train_from=(spec.num_layers - recipe.method.freeze_trainable_layers
-                            if recipe.method.kind == "freeze" else None))
+    ctx, args = _graph_args(spec, stage, recipe, dt)
     if memo is None:
         g = stage_graph(spec, stage.layers, ctx, **args)  # type: ignore[arg-type]
         return simulate(g), g.param_grad_bytes
@@ -87,6 +83,45 @@ def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
     if key not in memo:
         memo[key] = _composed(spec, stage.layers, ctx, args, memo)
     return memo[key]  # type: ignore[return-value]
+
+
+def _graph_args(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes
+                ) -> tuple[Ctx, dict[str, object]]:
+    """What ``stage_graph`` is built from for ``stage`` under ``recipe``."""
+    ctx = _context(spec, recipe, dt)
+    args = dict(first=stage.index == 0, last=stage.index == recipe.parallelism.pp - 1,
+                tp=recipe.parallelism.tp, attention=str(recipe.platform.attention),
+                checkpointing=str(recipe.checkpointing.kind),
+                train_from=(spec.num_layers - recipe.method.freeze_trainable_layers
+                            if recipe.method.kind == "freeze" else None))
+    return ctx, args
+
+
+def stage_traffic(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
+                  memo: dict[object, object] | None = None) -> Traffic:
+    """Memory-bound bytes and kernel launches of one micro-batch through ``stage`` on one rank
+    (``traffic.py``), from the graph ``stage_points`` simulates. A stage of identical layers is
+    read off a two-layer graph: its ops are the same for every layer, so the second layer's
+    traffic stands for each of the middle ones. ``memo``: as for ``stage_points``."""
+    ctx, args = _graph_args(spec, stage, recipe, dt)
+    layers = stage.layers
+    sigs = signatures(spec, memo if memo is not None else {})
+    short = (args["train_from"] is None and len(layers) > 2
+             and len({sigs[i] for i in layers}) == 1)
+    # stages of the same layer kinds move the same bytes wherever they sit in the model
+    where = (sigs[layers.start], len(layers)) if short else (layers,)
+    key = ("stage_traffic", *where, ctx, *args.values())
+    if memo is not None and key in memo:
+        return memo[key]  # type: ignore[return-value]
+    built = range(layers.start, layers.start + 2) if short else layers
+    per_region = graph_traffic(stage_graph(spec, built, ctx, **args))  # type: ignore[arg-type]
+    total = sum(per_region.values(), Traffic())
+    if short:
+        total = total + per_region.get(f"layer {layers.start + 1}", Traffic()).scaled(
+            len(layers) - 2)
+    if memo is not None:
+        memo[key] = total
+    return total
 
 
 def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],

@@ -176,18 +176,18 @@ class Blocks:
             # sequence parallel: all-gather the shard before the column-parallel matmul; the
             # shard is what is saved (Megatron re-gathers it in the backward)
             mm_in = self.new(t * n_in, xin.itemsize, xin.grad)
-            self.g.op([xin], (mm_in,))
+            self.g.op([xin], (mm_in,), kind="comm")
         y = self.new(t * n_out, c.half if c.amp else c.act,
                      grad=trained or x.grad or adapted or (bias and c.bias_trained))
         saves = ([xin] if trained else []) + ([w] if (w is not None and xin.grad) else [])
         self.g.op([mm_in] + ([w] if w is not None else []), (y,), saves, grads=(mm_in,),
-                  params=pg)
+                  params=pg, kind="mm")
         if adapted:
             y = peft_ops.adapt(self, x, y, n_in, n_out, t, bias=bias)
         if c.sp > 1 and tokens is None and role in (("o",), ("down",)):
             # row-parallel output reduce-scattered back to this rank's sequence shard
             rs = self.new(t // c.sp * n_out, y.itemsize, y.grad)
-            self.g.op([y], (rs,))
+            self.g.op([y], (rs,), kind="comm")
             y = rs
         return y
 
@@ -277,7 +277,7 @@ class Blocks:
         n_out = out_numel or q.nbytes // q.itemsize
         out = self.new(n_out, q.itemsize, q.grad or k.grad or v.grad)
         lse = self.new(c.tokens * heads, 4, grad=False)
-        self.g.op([q, k, v], (out, lse), [q, k, v, out, lse])
+        self.g.op([q, k, v], (out, lse), [q, k, v, out, lse], kind="attn")
         return out
 
     def eager(self, q: Tensor, k: Tensor, v: Tensor, heads: int, kv_heads: int, *,
@@ -296,7 +296,7 @@ class Blocks:
             v = self.copy(v, heads / kv_heads)
         size = q.itemsize
         scores = self.new(B * heads * S * (S + c.prefix), size, q.grad or k.grad)
-        self.g.op([q, k], (scores,), [q, k])
+        self.g.op([q, k], (scores,), [q, k], kind="mm")
         s = self.scale(scores)
         if softcap:  # Gemma 2: tanh(s / cap) * cap; tanh saves its output
             s = self.scale(s)
@@ -312,7 +312,7 @@ class Blocks:
         p = self.cast(p, size)
         p = self.dropout(p, dropout)
         out = self.new(out_numel or q.nbytes // q.itemsize, size, p.grad or v.grad)
-        self.g.op([p, v], (out,), [p, v])
+        self.g.op([p, v], (out,), [p, v], kind="mm")
         return self.copy(out, 1.0)
 
     def cat(self, parts: list[Tensor], per_token: int) -> Tensor:
@@ -358,7 +358,7 @@ class Blocks:
                          keep=True)
             saves = ([xin] if trained else []) + ([w] if w is not None and xin.grad else [])
             self.g.op([xin] + ([w] if w is not None else []), (y,), saves, grads=(xin,),
-                      params=pg if i == chunks - 1 else ())
+                      params=pg if i == chunks - 1 else (), kind="mm")
             lsm = self.new(tc * vocab, 4)
             self.g.op([self.cast(y, 4)], (lsm,), [lsm])
             part = self.new(1, 4)
@@ -381,7 +381,7 @@ class Blocks:
         stored = [grad_in] + ([grad_w] if grad_w is not None else [])
         self.g.op([xin], tuple(stored), stored)
         logits = self.new(chunk * vocab, xin.itemsize, grad=False)
-        self.g.op([xin], (logits,))
+        self.g.op([xin], (logits,), kind="mm")
         dlogits = self.new(chunk * vocab, 4, grad=False)
         self.g.op([logits], (dlogits,))
         loss = self.new(1, 4)

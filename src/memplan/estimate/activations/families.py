@@ -317,7 +317,7 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
             x = b.dropout(x, tr.embedding_dropout)
     else:  # activations received from the previous stage
         x = b.new(ctx.tokens // ctx.sp * h, ctx.half if not ctx.amp else ctx.act, True)
-        g.op([], (x,))
+        g.op([], (x,), kind="comm")  # received from the previous stage
     if tr.rotary_dims and any(ly.attention for ly in spec.layers):
         # rotary cos/sin tables (1 x S x rotary dims each), computed once per forward, saved by
         # every layer's rope muls until the backward ends

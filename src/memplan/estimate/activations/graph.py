@@ -58,6 +58,10 @@ class Op:
     dtype or 0 when no cast)."""
     group: int = -1
     """Activation-checkpointing group (-1: none)."""
+    kind: str = "ew"
+    """What kernel runs it, for the step time (``traffic.py``): ``ew`` a memory-bound kernel
+    (elementwise, norm, softmax, copy, reduction), ``mm`` a GEMM (timed by its roofline in
+    ``timing/kernels.py``), ``attn`` a fused attention kernel, ``comm`` a collective."""
 
 
 @dataclass(slots=True)
@@ -104,13 +108,13 @@ class Graph:
 
     def op(self, inputs: tuple[Tensor, ...] | list[Tensor], outputs: tuple[Tensor, ...] = (),
            saves: tuple[Tensor, ...] | list[Tensor] = (), grads: tuple[Tensor, ...] | None = None,
-           params: tuple[tuple[int, int], ...] = ()) -> None:
+           params: tuple[tuple[int, int], ...] = (), kind: str = "ew") -> None:
         ins = tuple(t for t in inputs if t is not None)
         g = tuple(t for t in (ins if grads is None else grads) if t is not None and t.grad)
         kept = tuple(t for t in saves if t is not None)
         if ins and not params and not any(t.grad for t in ins):
             kept = ()  # no input needs a gradient: autograd records no node, saves nothing
-        self.ops.append(Op(self.region, ins, tuple(outputs), kept, g, params, self.group))
+        self.ops.append(Op(self.region, ins, tuple(outputs), kept, g, params, self.group, kind))
         self.param_grad_bytes += sum(b32 or b for b, b32 in params)
 
 
