@@ -18,7 +18,7 @@ from .checks import check_compatible
 from .layout import Stage, layout
 from .model_states import model_state_items
 from .overhead import fragmentation_item, nccl_items, overhead_items
-from .activations import stage_points
+from .activations import cpu_checkpoint_bytes, stage_points
 from .lines import Line
 from .loop import loop_lines
 from .optimizer_step import optimizer_step_items
@@ -134,6 +134,14 @@ def _ranks(model: ModelSpec, recipe: Recipe, device: Device,
         instants = _instants(model, stage, recipe, dt, memo)
         timeline = moments(lines, instants)
         outside = [ln.item for ln in lines if ln.item.pool != Pool.ALLOCATED]
+        par = recipe.parallelism
+        host_ckpt = cpu_checkpoint_bytes(model, stage, recipe, dt, inflight_microbatches(
+            par.pp, stage.index, par.pp_virtual, recipe.batch.grad_accum))
+        if host_ckpt:
+            outside.append(Item(category=Category.ACTIVATIONS, pool=Pool.HOST, bytes=host_ckpt,
+                                name="checkpointed layer inputs (DeepSpeed cpu_checkpointing)",
+                                formula="checkpointed layers x layer input (/ tp when "
+                                "partitioned) x micro-batches in flight"))
         slack = fragmentation_item(max(m.allocated_bytes for m in timeline), recipe)
         if slack is not None:
             outside.append(slack)

@@ -168,6 +168,11 @@ class Recipe:
         if self.precision.kind == "fp8-mixed" and self.platform.device == "cpu":
             p.add("precision=fp8-mixed needs FP8 tensor cores (Hopper or newer); use "
                   "device=cuda.")
+        ck = self.checkpointing
+        if (ck.partition_activations or ck.cpu_checkpointing) and self.engine_kind != "deepspeed":
+            p.add("partition_activations / cpu_checkpointing are DeepSpeed's activation "
+                  f"checkpointing options (engine {self.engine_kind}); set engine=deepspeed "
+                  "or drop them.")
         engine_problems(p, self.engine, par, self.offload)
 
     @property

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from ..errors import ConfigError
 from ..model.spec import LORA_TARGETS
 from .check import check_part
 from .engine import Engine
@@ -105,6 +106,7 @@ class AdapterDtype(StrEnum):
 class CheckpointingKind(StrEnum):
     NONE = "none"
     SELECTIVE = "selective"
+    OP = "op"
     FULL = "full"
 
 
@@ -298,15 +300,49 @@ class Parallelism:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Checkpointing:
-    """Activation checkpointing (recomputation in the backward)."""
+    """Activation checkpointing (recomputation in the backward), as the engines define it
+    (``estimate/activations/policy.py`` cites each engine's source)."""
 
     kind: CheckpointingKind = field(default=CheckpointingKind.NONE,
                                     metadata=_key("checkpointing"))
-    """Activation checkpointing: ``none``, ``selective`` (attention recomputed), ``full``
-    (per layer)."""
+    """Activation checkpointing: ``none``; ``selective``: Megatron's ``--recompute-granularity
+    selective`` (its default ``recompute_modules = ["core_attn"]``: the attention core is
+    recomputed); ``op``: torchtitan's per-op selective policy (``selective_ac_option = "op"``:
+    each block recomputed except the outputs of its save list, matmuls and fused attention,
+    every second ``mm`` recomputed); ``full``: each checkpointed layer keeps only its input
+    (HF ``gradient_checkpointing``, Megatron ``full``, torchtitan ``full``)."""
+    checkpoint_every: int = field(default=1, metadata={"min": 1, "max": 1024})
+    """With ``full``: checkpoint one layer in every k (torchtitan ``selective_ac_option = k``,
+    its default 2: layers k-1, 2k-1, ... of each stage); 1: every layer."""
+    checkpoint_layers: int = field(default=0, metadata={"min": 0})
+    """With ``full``: checkpoint only the first N layers of each pipeline stage (Megatron
+    ``--recompute-method block --recompute-num-layers N``); 0: all."""
+    partition_activations: bool = False
+    """With ``full``: DeepSpeed ``activation_checkpointing.partition_activations``: each
+    checkpointed layer input is split over the tensor-parallel ranks (1/tp each),
+    all-gathered again for the recompute."""
+    cpu_checkpointing: bool = False
+    """With ``full``: DeepSpeed ``activation_checkpointing.cpu_checkpointing``: the checkpointed
+    layer inputs live in host RAM (counted on the host), copied back for the recompute."""
 
     def __post_init__(self) -> None:
         check_part(self)
+        extra = [k for k, v in (("checkpoint_every", self.checkpoint_every != 1),
+                                ("checkpoint_layers", self.checkpoint_layers != 0),
+                                ("partition_activations", self.partition_activations),
+                                ("cpu_checkpointing", self.cpu_checkpointing)) if v]
+        problems = []
+        if extra and self.kind != CheckpointingKind.FULL:
+            problems.append(f"{', '.join(extra)} set with checkpointing={self.kind}: these "
+                            "choose which layers are checkpointed and where their inputs live, "
+                            "so they need checkpointing=full. Set checkpointing=full or drop "
+                            "them.")
+        if self.checkpoint_every != 1 and self.checkpoint_layers:
+            problems.append(f"checkpoint_every={self.checkpoint_every} and checkpoint_layers="
+                            f"{self.checkpoint_layers}: one picks every k-th layer (torchtitan), "
+                            "the other the first N (Megatron block); set one.")
+        if problems:
+            raise ConfigError(problems)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
