@@ -11,7 +11,7 @@ from dataclasses import replace
 from ..breakdown import Breakdown, Category, Item, Phase, Pool, RankBreakdown
 from ..hardware import Device
 from ..model.spec import ModelSpec
-from ..recipe import Offload, Parallelism, Recipe
+from ..recipe import Checkpointing, Offload, Parallelism, Recipe
 from ..recipe.engine import Engine
 from ..results import ModelInfo
 from .checks import check_compatible
@@ -46,7 +46,8 @@ def _role(stage: Stage, recipe: Recipe) -> str:
 def _trainable(model: ModelSpec, recipe: Recipe, memo: dict[object, object] | None = None) -> int:
     """Trainable parameters of the whole model (adapters for LoRA), counted once."""
     # engine reset too: a named engine may refuse zero=0 (fsdp2 only runs zero=3)
-    whole = replace(recipe, parallelism=Parallelism(), offload=Offload(), engine=Engine())
+    whole = replace(recipe, parallelism=Parallelism(), offload=Offload(), engine=Engine(),
+                    checkpointing=Checkpointing())
     return sum(h.numel for h in layout(model, whole, memo)[0].held if h.trainable)
 
 

@@ -169,10 +169,17 @@ class Recipe:
             p.add("precision=fp8-mixed needs FP8 tensor cores (Hopper or newer); use "
                   "device=cuda.")
         ck = self.checkpointing
-        if (ck.partition_activations or ck.cpu_checkpointing) and self.engine_kind != "deepspeed":
-            p.add("partition_activations / cpu_checkpointing are DeepSpeed's activation "
-                  f"checkpointing options (engine {self.engine_kind}); set engine=deepspeed "
-                  "or drop them.")
+        if ck.cpu_checkpointing and self.engine_kind != "deepspeed":
+            p.add("cpu_checkpointing is DeepSpeed's activation checkpointing option (engine "
+                  f"{self.engine_kind}); set engine=deepspeed or drop it.")
+        if ck.partition_activations and self.engine_kind not in ("deepspeed", "megatron"):
+            p.add("partition_activations is DeepSpeed's partition_activations / Megatron's "
+                  f"distribute_saved_activations (engine {self.engine_kind}); set "
+                  "engine=megatron (or deepspeed) or drop it.")
+        if ck.partition_activations and par.sequence_parallel:
+            p.add("partition_activations with sequence_parallel: Megatron refuses "
+                  "distribute_saved_activations under sequence parallelism (the layer input is "
+                  "already split); drop one.")
         engine_problems(p, self.engine, par, self.offload)
 
     @property

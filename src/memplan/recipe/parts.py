@@ -318,9 +318,9 @@ class Checkpointing:
     """With ``full``: checkpoint only the first N layers of each pipeline stage (Megatron
     ``--recompute-method block --recompute-num-layers N``); 0: all."""
     partition_activations: bool = False
-    """With ``full``: DeepSpeed ``activation_checkpointing.partition_activations``: each
-    checkpointed layer input is split over the tensor-parallel ranks (1/tp each),
-    all-gathered again for the recompute."""
+    """With ``full``: DeepSpeed ``activation_checkpointing.partition_activations`` (Megatron
+    ``distribute_saved_activations``): each checkpointed layer input is split over the
+    tensor-parallel ranks (1/tp each), all-gathered again for the recompute."""
     cpu_checkpointing: bool = False
     """With ``full``: DeepSpeed ``activation_checkpointing.cpu_checkpointing``: the checkpointed
     layer inputs live in host RAM (counted on the host), copied back for the recompute."""

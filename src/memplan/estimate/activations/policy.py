@@ -29,7 +29,8 @@ every = k``        over blocks, starting at 1; a block is wrapped when ``count %
 ``checkpoint_      Megatron ``--recompute-method block --recompute-num-layers N``: "only a set
 layers = N``       number of transformer layers per pipeline stage" (the first N).
 ``partition_       DeepSpeed 0.19.8 ``runtime/activation_checkpointing/checkpointing.py``
-activations``      (``partition_activations``): each floating-point checkpoint input is cut
+activations``      (``partition_activations``; Megatron-Core's ``distribute_saved_activations``,
+                   refused with sequence parallelism): each floating-point checkpoint input is cut
                    to ``numel / mp_size`` and cloned (``get_partition_size``); the full
                    tensor is all-gathered again before the recompute.
 ``cpu_             DeepSpeed ``cpu_checkpointing``: the (partitioned) inputs are copied to
