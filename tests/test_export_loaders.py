@@ -198,6 +198,8 @@ TITAN_RECIPES = [
     dict(zero=3, gpus=8, tp=2, checkpointing="full"),
     dict(zero=0, gpus=4),
     dict(zero=3, gpus=8, offload="params+optimizer", checkpointing="selective"),
+    dict(zero=3, gpus=8, checkpointing="op"),
+    dict(zero=3, gpus=8, checkpointing="full", checkpoint_every=2),
     dict(zero=3, gpus=16, gpus_per_node=8, tp=2, pp=2, precision="32-true"),
     dict(zero=3, gpus=8, cp=2, seq_len=8192, reshard_after_forward=False),
 ]

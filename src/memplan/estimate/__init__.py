@@ -11,14 +11,14 @@ from dataclasses import replace
 from ..breakdown import Breakdown, Category, Item, Phase, Pool, RankBreakdown
 from ..hardware import Device
 from ..model.spec import ModelSpec
-from ..recipe import Offload, Parallelism, Recipe
+from ..recipe import Checkpointing, Offload, Parallelism, Recipe
 from ..recipe.engine import Engine
 from ..results import ModelInfo
 from .checks import check_compatible
 from .layout import Stage, layout
 from .model_states import model_state_items
 from .overhead import fragmentation_item, nccl_items, overhead_items
-from .activations import stage_points
+from .activations import cpu_checkpoint_bytes, stage_points
 from .lines import Line
 from .load import load_moments
 from .loop import loop_lines
@@ -47,7 +47,8 @@ def _role(stage: Stage, recipe: Recipe) -> str:
 def _trainable(model: ModelSpec, recipe: Recipe, memo: dict[object, object] | None = None) -> int:
     """Trainable parameters of the whole model (adapters for LoRA), counted once."""
     # engine reset too: a named engine may refuse zero=0 (fsdp2 only runs zero=3)
-    whole = replace(recipe, parallelism=Parallelism(), offload=Offload(), engine=Engine())
+    whole = replace(recipe, parallelism=Parallelism(), offload=Offload(), engine=Engine(),
+                    checkpointing=Checkpointing())
     return sum(h.numel for h in layout(model, whole, memo)[0].held if h.trainable)
 
 
@@ -138,6 +139,14 @@ def _ranks(model: ModelSpec, recipe: Recipe, device: Device,
         timeline = load_moments(stage, recipe, dt, lines, load=load,
                                 capacity_bytes=device.capacity_bytes) + moments(lines, instants)
         outside = [ln.item for ln in lines if ln.item.pool != Pool.ALLOCATED]
+        par = recipe.parallelism
+        host_ckpt = cpu_checkpoint_bytes(model, stage, recipe, dt, inflight_microbatches(
+            par.pp, stage.index, par.pp_virtual, recipe.batch.grad_accum))
+        if host_ckpt:
+            outside.append(Item(category=Category.ACTIVATIONS, pool=Pool.HOST, bytes=host_ckpt,
+                                name="checkpointed layer inputs (DeepSpeed cpu_checkpointing)",
+                                formula="checkpointed layers x layer input (/ tp when "
+                                "partitioned) x micro-batches in flight"))
         slack = fragmentation_item(max(m.allocated_bytes for m in timeline), recipe)
         if slack is not None:
             outside.append(slack)

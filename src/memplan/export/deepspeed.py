@@ -66,8 +66,9 @@ def ds_config(recipe: Recipe) -> dict[str, Any]:
         cfg["optimizer"] = {"type": _OPTIMIZERS[str(recipe.optimizer.kind)]}
     if recipe.checkpointing.kind == "full":
         # used by models that call deepspeed.checkpointing.checkpoint per layer (Megatron-DS)
-        cfg["activation_checkpointing"] = {"partition_activations": False,
-                                           "cpu_checkpointing": False}
+        ck = recipe.checkpointing
+        cfg["activation_checkpointing"] = {"partition_activations": ck.partition_activations,
+                                           "cpu_checkpointing": ck.cpu_checkpointing}
     return cfg
 
 
@@ -136,6 +137,9 @@ def from_ds_config(cfg: dict[str, Any], *, hidden_size: int | None = None,
             resolved.append(f"optimizer.type={opt} is not one memplan models: adamw assumed")
     if "activation_checkpointing" in cfg:
         keys["checkpointing"] = "full"
+        for k in ("partition_activations", "cpu_checkpointing"):
+            if cfg["activation_checkpointing"].get(k):
+                keys[k] = True
     zero = cfg.get("zero_optimization", {})
     keys["zero"] = int(zero.get("stage", 0))
     for k in _ENGINE_KEYS:

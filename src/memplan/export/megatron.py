@@ -65,9 +65,19 @@ def megatron_config(recipe: Recipe, model: ModelSpec | None) -> dict[str, Any]:
         tc["pipeline_dtype"] = dtype
     if par.pp_virtual > 1:
         tc["virtual_pipeline_model_parallel_size"] = par.pp_virtual
-    if recipe.checkpointing.kind == "full":
+    ck = recipe.checkpointing
+    if ck.kind == "full" and ck.checkpoint_every > 1:
+        raise ConfigError([f"checkpoint_every={ck.checkpoint_every}: Megatron recomputes "
+                           "uniform groups or the first N layers of a stage "
+                           "(recompute_method block), not every k-th; use checkpoint_layers."])
+    if ck.kind == "full" and ck.checkpoint_layers:
+        tc |= {"recompute_granularity": "full", "recompute_method": "block",
+               "recompute_num_layers": ck.checkpoint_layers}
+    elif ck.kind == "full":
         tc |= {"recompute_granularity": "full", "recompute_method": "uniform",
                "recompute_num_layers": 1}
+    if ck.partition_activations:
+        tc["distribute_saved_activations"] = True
     elif recipe.checkpointing.kind == "selective":
         tc["recompute_granularity"] = "selective"
     if kind == "fp8-mixed":
@@ -120,6 +130,10 @@ def read_text(text: str, where: str, hidden_size: int | None = None) -> Imported
         keys["grad_dtype"] = "fp32"
     gran = tc.get("recompute_granularity")
     keys["checkpointing"] = str(gran) if gran in ("full", "selective") else "none"
+    if gran == "full" and tc.get("distribute_saved_activations"):
+        keys["partition_activations"] = True
+    if gran == "full" and tc.get("recompute_method") == "block":
+        keys["checkpoint_layers"] = int(tc.get("recompute_num_layers") or 0)
     if tc.get("moe_pad_expert_input_to_capacity") and tc.get("moe_expert_capacity_factor"):
         keys["moe_capacity_factor"] = float(tc["moe_expert_capacity_factor"])
     keys["optimizer"] = "sgd" if oc.get("optimizer") == "sgd" else "adamw"

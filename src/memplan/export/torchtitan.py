@@ -45,9 +45,16 @@ def job_config(recipe: Recipe) -> dict[str, dict[str, Any]]:
         else "never",
         "tensor_parallel_degree": par.tp, "pipeline_parallel_degree": par.pp,
         "context_parallel_degree": par.cp, "expert_parallel_degree": par.ep}
-    ac = {"mode": str(recipe.checkpointing.kind)}
-    if recipe.checkpointing.kind == "selective":
-        ac["selective_ac_option"] = "op"
+    ck = recipe.checkpointing
+    ac = {"mode": str(ck.kind)}
+    if ck.kind in ("selective", "op"):  # torchtitan has no attention-only policy: its per-op
+        ac = {"mode": "selective", "selective_ac_option": "op"}  # one is the nearest
+    elif ck.kind == "full" and ck.checkpoint_every > 1:  # layer SAC, _apply_layer_sac
+        ac = {"mode": "selective", "selective_ac_option": str(ck.checkpoint_every)}
+    if ck.kind == "full" and ck.checkpoint_layers:
+        raise ConfigError([f"checkpoint_layers={ck.checkpoint_layers}: torchtitan checkpoints "
+                           "every layer or every k-th (selective_ac_option = k), not the first "
+                           "N; use checkpoint_every or export to megatron."])
     cfg: dict[str, dict[str, Any]] = {"training": training, "parallelism": parallelism,
                                       "activation_checkpoint": ac}
     if recipe.optimizer.kind in ("adamw", "adam"):
@@ -112,8 +119,16 @@ def read_text(text: str, where: str, hidden_size: int | None = None) -> Imported
                          else "bf16-mixed" if mp == "bfloat16" else "32-true")
     if tr.get("enable_cpu_offload"):
         keys["offload"] = "params+optimizer"
-    mode = str(cfg.get("activation_checkpoint", {}).get("mode", "selective"))
-    keys["checkpointing"] = mode if mode in ("none", "selective", "full") else "none"
+    ac = cfg.get("activation_checkpoint", {})
+    mode = str(ac.get("mode", "selective"))  # torchtitan's defaults: selective, option "2"
+    option = str(ac.get("selective_ac_option", "2"))
+    keys["checkpointing"] = mode if mode in ("none", "full") else "none"
+    if mode == "selective" and option == "op":
+        keys["checkpointing"] = "op"
+    elif mode == "selective" and option.isdigit():
+        keys["checkpointing"] = "full"
+        if int(option) > 1:
+            keys["checkpoint_every"] = int(option)
     name = str(cfg.get("optimizer", {}).get("name", "AdamW"))
     keys["optimizer"] = "adam" if name == "Adam" else "adamw"
     ignored = tuple(k for k in leaves(cfg) if k not in _MODELLED)

@@ -30,7 +30,7 @@ def can_fork() -> bool:
 def _key(r: Recipe) -> tuple[object, ...]:
     p = r.parallelism
     return (p.tp, p.sequence_parallel, p.cp, p.pp, p.pp_virtual, r.batch.micro_batch,
-            str(r.checkpointing.kind), str(r.platform.attention), str(r.loss.kind))
+            repr(r.checkpointing), str(r.platform.attention), str(r.loss.kind))
 
 
 def _chunk(bounds: tuple[int, int]) -> list[Evaluated | None]:

@@ -32,6 +32,10 @@ def layout_of(recipe: Recipe) -> tuple[Any, ...]:
     p = recipe.parallelism
     return (str(recipe.engine.kind), p.zero, str(recipe.offload.kind), p.tp, p.pp, p.cp, p.ep)
 
+CHECKPOINT_KEYS = frozenset({"checkpointing", "checkpoint_every", "checkpoint_layers",
+                             "partition_activations", "cpu_checkpointing"})
+"""Recipe keys of ``Checkpointing``: giving any holds the user's policy."""
+
 SEARCHED = ("zero", "hybrid_shard", "offload", "engine", "tp", "sequence_parallel", "pp",
             "pp_virtual", "cp", "ep", "micro_batch", "grad_accum", "checkpointing",
             "attention", "loss")
@@ -163,10 +167,19 @@ class Space:
                     for eng in self._choices("engine", list(engines)):
                         yield zero, hybrid, off, eng
 
+    def checkpointings(self) -> list[Checkpointing]:
+        """The checkpointing policies tried: every kind (Megatron ``selective``, torchtitan
+        ``op``, ``full``) and torchtitan's default layer policy (``full`` on every second
+        layer); the user's own when any checkpointing key is given."""
+        if self.fixed & CHECKPOINT_KEYS:
+            return [self.base.checkpointing]
+        return [Checkpointing(kind=CheckpointingKind(c)) for c in CheckpointingKind] + [
+            Checkpointing(kind=CheckpointingKind.FULL, checkpoint_every=2)]
+
     def recipes(self, model: ModelSpec) -> Iterator[Recipe]:
         """Every candidate recipe (valid by the recipe's own checks), each once."""
         base = self.base
-        ckpts = self._choices("checkpointing", [str(c) for c in CheckpointingKind])
+        ckpts = self.checkpointings()
         attns = self._choices("attention", [str(a) for a in self.attention])
         losses = self._choices("loss", [str(k) for k in LossKind])
         for tp, cp, pp, v, ep, sp in self.degrees(model):
@@ -192,7 +205,7 @@ class Space:
                                 try:
                                     yield replace(
                                         r0, batch=batch,
-                                        checkpointing=Checkpointing(kind=CheckpointingKind(ck)),
+                                        checkpointing=ck,
                                         platform=replace(base.platform, attention=Attention(at)),
                                         loss=Loss(kind=LossKind(loss)))
                                 except ConfigError:

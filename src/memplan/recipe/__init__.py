@@ -25,6 +25,7 @@ from ..errors import ConfigError, Problems, did_you_mean
 from .check import field_key
 from .engine import Engine, EngineKind, engine_problems, resolve_engine
 from .io import read_recipe_file, read_recipe_toml, to_toml
+from .loop import Loop, Outputs, ZeroGradAt
 from .parts import (
     PARTS,
     Attention,
@@ -33,7 +34,6 @@ from .parts import (
     CheckpointingKind,
     DeviceKind,
     GradDtype,
-    Loop,
     Loss,
     LossKind,
     Method,
@@ -43,13 +43,11 @@ from .parts import (
     Optimizer,
     OptimizerImpl,
     OptimizerKind,
-    Outputs,
     Parallelism,
     Platform,
     Precision,
     PrecisionKind,
     Quant,
-    ZeroGradAt,
     Quantizer,
 )
 
@@ -169,6 +167,18 @@ class Recipe:
         if self.precision.kind == "fp8-mixed" and self.platform.device == "cpu":
             p.add("precision=fp8-mixed needs FP8 tensor cores (Hopper or newer); use "
                   "device=cuda.")
+        ck = self.checkpointing
+        if ck.cpu_checkpointing and self.engine_kind != "deepspeed":
+            p.add("cpu_checkpointing is DeepSpeed's activation checkpointing option (engine "
+                  f"{self.engine_kind}); set engine=deepspeed or drop it.")
+        if ck.partition_activations and self.engine_kind not in ("deepspeed", "megatron"):
+            p.add("partition_activations is DeepSpeed's partition_activations / Megatron's "
+                  f"distribute_saved_activations (engine {self.engine_kind}); set "
+                  "engine=megatron (or deepspeed) or drop it.")
+        if ck.partition_activations and par.sequence_parallel:
+            p.add("partition_activations with sequence_parallel: Megatron refuses "
+                  "distribute_saved_activations under sequence parallelism (the layer input is "
+                  "already split); drop one.")
         engine_problems(p, self.engine, par, self.offload)
 
     @property

@@ -15,8 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from ..errors import ConfigError
 from ..model.spec import LORA_TARGETS
 from .check import check_part
+from .loop import Loop
 from .engine import Engine
 
 __all__ = [
@@ -86,16 +88,6 @@ class OptimizerImpl(StrEnum):
     FUSED = "fused"
 
 
-class Outputs(StrEnum):
-    DROPPED = "dropped"
-    KEPT = "kept"
-
-
-class ZeroGradAt(StrEnum):
-    AFTER_STEP = "after-step"
-    BEFORE_BACKWARD = "before-backward"
-
-
 class Quantizer(StrEnum):
     BITSANDBYTES = "bitsandbytes"
     TORCHAO = "torchao"
@@ -111,6 +103,7 @@ class AdapterDtype(StrEnum):
 class CheckpointingKind(StrEnum):
     NONE = "none"
     SELECTIVE = "selective"
+    OP = "op"
     FULL = "full"
 
 
@@ -310,15 +303,49 @@ class Parallelism:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Checkpointing:
-    """Activation checkpointing (recomputation in the backward)."""
+    """Activation checkpointing (recomputation in the backward), as the engines define it
+    (``estimate/activations/policy.py`` cites each engine's source)."""
 
     kind: CheckpointingKind = field(default=CheckpointingKind.NONE,
                                     metadata=_key("checkpointing"))
-    """Activation checkpointing: ``none``, ``selective`` (attention recomputed), ``full``
-    (per layer)."""
+    """Activation checkpointing: ``none``; ``selective``: Megatron's ``--recompute-granularity
+    selective`` (its default ``recompute_modules = ["core_attn"]``: the attention core is
+    recomputed); ``op``: torchtitan's per-op selective policy (``selective_ac_option = "op"``:
+    each block recomputed except the outputs of its save list, matmuls and fused attention,
+    every second ``mm`` recomputed); ``full``: each checkpointed layer keeps only its input
+    (HF ``gradient_checkpointing``, Megatron ``full``, torchtitan ``full``)."""
+    checkpoint_every: int = field(default=1, metadata={"min": 1, "max": 1024})
+    """With ``full``: checkpoint one layer in every k (torchtitan ``selective_ac_option = k``,
+    its default 2: layers k-1, 2k-1, ... of each stage); 1: every layer."""
+    checkpoint_layers: int = field(default=0, metadata={"min": 0})
+    """With ``full``: checkpoint only the first N layers of each pipeline stage (Megatron
+    ``--recompute-method block --recompute-num-layers N``); 0: all."""
+    partition_activations: bool = False
+    """With ``full``: DeepSpeed ``activation_checkpointing.partition_activations`` (Megatron
+    ``distribute_saved_activations``): each checkpointed layer input is split over the
+    tensor-parallel ranks (1/tp each), all-gathered again for the recompute."""
+    cpu_checkpointing: bool = False
+    """With ``full``: DeepSpeed ``activation_checkpointing.cpu_checkpointing``: the checkpointed
+    layer inputs live in host RAM (counted on the host), copied back for the recompute."""
 
     def __post_init__(self) -> None:
         check_part(self)
+        extra = [k for k, v in (("checkpoint_every", self.checkpoint_every != 1),
+                                ("checkpoint_layers", self.checkpoint_layers != 0),
+                                ("partition_activations", self.partition_activations),
+                                ("cpu_checkpointing", self.cpu_checkpointing)) if v]
+        problems = []
+        if extra and self.kind != CheckpointingKind.FULL:
+            problems.append(f"{', '.join(extra)} set with checkpointing={self.kind}: these "
+                            "choose which layers are checkpointed and where their inputs live, "
+                            "so they need checkpointing=full. Set checkpointing=full or drop "
+                            "them.")
+        if self.checkpoint_every != 1 and self.checkpoint_layers:
+            problems.append(f"checkpoint_every={self.checkpoint_every} and checkpoint_layers="
+                            f"{self.checkpoint_layers}: one picks every k-th layer (torchtitan), "
+                            "the other the first N (Megatron block); set one.")
+        if problems:
+            raise ConfigError(problems)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -362,29 +389,6 @@ class Platform:
     """``torch.compile`` around the model (Inductor): elementwise chains run as fused kernels.
     Used by the step time only (memory-bound traffic and kernel launches); the memory estimate
     is that of the eager graph."""
-
-    def __post_init__(self) -> None:
-        check_part(self)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Loop:
-    """The training loop around the step (issue #15): what the user's code keeps alive.
-
-    The default is the HF Trainer's loop: ``loss = model(**batch).loss`` (the outputs are
-    dropped before the backward) and ``zero_grad(set_to_none=True)`` after the step."""
-
-    outputs: Outputs = Outputs.DROPPED
-    """``kept``: the loop holds the model's outputs (``outputs = model(**batch); loss =
-    outputs.loss``, the HF course and Accelerate examples): the logits stay alive through the
-    backward and the optimizer step, and until the next forward returns."""
-    zero_grad: ZeroGradAt = ZeroGradAt.AFTER_STEP
-    """Where ``optimizer.zero_grad()`` is called: ``after-step`` (or before the forward: the
-    same), ``before-backward`` (PyTorch's tutorial: the previous step's gradients stay alive
-    through the next forward)."""
-    set_to_none: bool = True
-    """``zero_grad(set_to_none=...)``: True (torch >= 2.0's default) frees the gradients; False
-    (torch 1.x's default) zeroes them in place, so they stay allocated across steps."""
 
     def __post_init__(self) -> None:
         check_part(self)

@@ -34,7 +34,9 @@ def recipe_summary(e: Evaluated) -> str:
     if d["pp_virtual"] > 1:
         parts.append(f"vpp{d['pp_virtual']}")
     parts.append(f"mb{d['micro_batch']}x{d['grad_accum']}")
-    parts.append(f"ckpt={d['checkpointing']}")
+    every = f"/{d['checkpoint_every']}" if d.get("checkpoint_every", 1) != 1 else ""
+    first = f":{d['checkpoint_layers']}" if d.get("checkpoint_layers") else ""
+    parts.append(f"ckpt={d['checkpointing']}{every}{first}")
     parts.append(str(d["attention"]))
     parts.append(f"loss={d['loss']}")
     return " ".join(parts)

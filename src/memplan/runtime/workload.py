@@ -17,7 +17,9 @@ method                ``lora``: PEFT ``get_peft_model`` with ``LoraConfig(r, lor
                       Under ``-mixed`` the frozen weights are 16-bit and the trained ones fp32,
                       as after loading with ``torch_dtype=bfloat16`` (PEFT upcasts adapters,
                       LLaMA-Factory upcasts trainable parameters)
-checkpointing         ``full``: ``gradient_checkpointing_enable(use_reentrant=False)``
+checkpointing         ``runtime/checkpointing.py``: ``full`` (every k-th / first N layers),
+                      ``selective`` (the attention function checkpointed), ``op``
+                      (torchtitan's per-op policy)
 attention             transformers ``attn_implementation`` (``eager``, ``sdpa``; ``flash`` on
                       CUDA is SDPA, whose flash kernel keeps no S x S scores either)
 micro_batch, seq_len  ``input_ids`` of shape (micro_batch, seq_len) and ``labels`` (a copy)
@@ -38,6 +40,7 @@ from ..facts import optimizer_facts
 from ..recipe import Recipe
 from ..results import ModelInfo
 from ..model.peft_targets import target_modules
+from .checkpointing import apply_checkpointing
 from .factory import factory_model
 from .peft_methods import PEFT_METHODS, apply_method
 
@@ -102,9 +105,9 @@ def check_traceable(recipe: Recipe) -> tuple[str, ...]:
               f"third party); use one of {', '.join(OPTIMIZERS)}.")
     if recipe.method.kind == "qlora":
         p.add("method=qlora needs bitsandbytes 4-bit kernels on CUDA; use method=lora.")
-    if recipe.checkpointing.kind == "selective":
-        p.add("checkpointing=selective: transformers only checkpoints whole layers; use none or "
-              "full.")
+    if recipe.checkpointing.partition_activations or recipe.checkpointing.cpu_checkpointing:
+        p.add("partition_activations / cpu_checkpointing are DeepSpeed's checkpoint API on a "
+              "GPU with tensor parallelism; use `memplan estimate` for them.")
     if recipe.platform.attention == "flash":
         if recipe.platform.device == "cpu":
             p.add("attention=flash needs CUDA; with device=cpu use sdpa (its CPU flash kernel "
@@ -309,12 +312,7 @@ def build_model(model_ref: str, recipe: Recipe, *, device: str, seed: int = 0) -
         dtype, _ = _torch_dtype(torch, recipe.precision.kind)
         if dtype != torch.float32:
             model.to(dtype)
-        if recipe.checkpointing.kind == "full":
-            enable = getattr(model, "gradient_checkpointing_enable", None)
-            if enable is None:
-                raise TraceError(f"{model_ref}: checkpointing=full needs a transformers model "
-                                 "(gradient_checkpointing_enable); use checkpointing=none.")
-            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        apply_checkpointing(model, recipe, model_ref, torch)
         if recipe.method.kind == "lora":
             model = _apply_lora(model, recipe, torch, _spec(found, model_ref))
         elif recipe.method.kind == "freeze":

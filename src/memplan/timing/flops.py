@@ -13,7 +13,7 @@ Training: backward = 2 x forward where weights train (activation + weight gradie
 frozen matmuls that still pass gradients down (LoRA base), 0 below the lowest trainable layer
 (``freeze``); the attention core's backward is 2 x its forward. Recomputation adds the forward of
 every layer (``full``) or of the attention core (``selective``, Korthikanti et al. 2022,
-arXiv 2205.05198 §5).
+arXiv 2205.05198 §5), or what the per-op policy does not save (``op``; ``recompute.py``).
 
 Three counts, one convention for causal attention (``_causal_share``: a causal layer's score
 matrix has s(s+1)/2 useful entries of s^2, counted as 1/2, as FlashAttention-2 counts its causal
@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from ..model.spec import Component, Layer, ModelSpec
 from ..recipe import Recipe
+from .recompute import attention_recomputed, recompute_matmul_share
 
 __all__ = ["TokenFlops", "token_flops", "layer_matmul_flops", "attention_core_flops"]
 
@@ -118,11 +119,10 @@ def token_flops(model: ModelSpec, recipe: Recipe) -> TokenFlops:
         w_grad = 1.0 if (base_trains or recipe.method.kind == "freeze") else 0.0
         model_f += m * (2 + w_grad) + 3 * a_model
         model_nc += m * (2 + w_grad) + 3 * a
-        passes = 3 + (1 if recipe.checkpointing.kind in ("full", "selective") else 0)
+        passes = 3 + (1 if attention_recomputed(recipe, i, n) else 0)
         executed += m * (2 + w_grad) + passes * a_run
         a_executed += passes * a_run
-        if recipe.checkpointing.kind == "full":
-            executed += m
+        executed += m * recompute_matmul_share(recipe, layer, i, n)
     head = 2.0 * model.hidden_size * model.vocab_size
     head_w = 1.0 if base_trains else 0.0  # freeze and LoRA leave the head frozen
     model_f += head * (2 + head_w)

@@ -32,6 +32,7 @@ from ..facts.constants import constants
 from ..model.spec import Component, Layer, ModelSpec
 from ..recipe import Recipe
 from .flops import _causal_share, attention_core_flops
+from .recompute import attention_recomputed, recompute_matmul_share
 
 __all__ = ["KernelTime", "attention_efficiency", "gemm_seconds", "kernel_seconds"]
 
@@ -124,8 +125,8 @@ def kernel_seconds(model: ModelSpec, recipe: Recipe, device: Device, *, linear_p
             lin += g
             att += a_f
             continue
-        lin += g * (2 + w_grad) + (g if recipe.checkpointing.kind == "full" else 0.0)
-        att += a_f + a_b + (a_f if recipe.checkpointing.kind in ("full", "selective") else 0.0)
+        lin += g * (2 + w_grad) + g * recompute_matmul_share(recipe, layer, i, n)
+        att += a_f + a_b + (a_f if attention_recomputed(recipe, i, n) else 0.0)
     lin /= pp
     att /= pp
     head = gemm(tokens, model.hidden_size, model.vocab_size / tp)

@@ -49,6 +49,7 @@ from .calibration import Calibration
 from .comms import Link, allreduce_s, gather_s, group_link
 from .flops import token_flops
 from .overlap import dp_overlap
+from .recompute import full_share
 from ..results import ResourceTime, TimeEstimate, Traffic
 from ..results.time import validation_band
 from .kernels import attention_efficiency, kernel_seconds
@@ -92,7 +93,9 @@ def _hbm_bytes_per_token(model: ModelSpec, recipe: Recipe, tp: int) -> float:
         if recipe.platform.attention == "eager" and layer.attention is not None:
             fwd += constant("eager_attention_bytes_per_score") * layer.attention.num_heads \
                 * recipe.batch.seq_len / tp
-    passes = 3 + (1 if recipe.checkpointing.kind == "full" else 0)
+    # pointwise ops run again under full (its checkpointed layers) and op (none is saved)
+    passes = 3 + (1.0 if recipe.checkpointing.kind == "op" else
+                  full_share(recipe, model.num_layers))
     ce = constant("cross_entropy_bytes_per_logit") * model.vocab_size
     return fwd * passes + ce
 
@@ -190,7 +193,8 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
 
     # critical path: TP, EP, PP p2p
     tp_link = group_link(1, tp, local, intra, inter)
-    tp_calls = 4 + (2 if recipe.checkpointing.kind == "full" else 0)
+    tp_calls = 4 + 2 * (1.0 if recipe.checkpointing.kind == "op" else
+                        full_share(recipe, model.num_layers))
     t_tp = t(allreduce_s(act, tp, tp_link), "TP link") * tp_calls * layers_rank * m
     moe = [ly for ly in model.layers if ly.ffn and ly.ffn.num_experts]
     top_k = moe[0].ffn.top_k if moe else 0  # type: ignore[union-attr]

@@ -21,9 +21,10 @@ from .blocks import Ctx
 from .compose import compose, signatures
 from .families import stage_graph
 from .graph import Point, simulate
+from .policy import host_checkpoint_bytes, policy_of
 from .traffic import Traffic, graph_traffic
 
-__all__ = ["Point", "Traffic", "stage_points", "stage_traffic"]
+__all__ = ["Point", "Traffic", "stage_points", "stage_traffic", "cpu_checkpoint_bytes"]
 
 
 def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
@@ -65,6 +66,17 @@ def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
                capacity=float(par.moe_capacity_factor))
 
 
+def cpu_checkpoint_bytes(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
+                         inflight: float) -> int:
+    """Host bytes per rank of DeepSpeed ``cpu_checkpointing`` (``policy.host_checkpoint_bytes``):
+    a layer's input is the residual stream, ``tokens / sp x hidden`` in the model's activation
+    dtype (``Ctx.act``, the dtype the graph gives it)."""
+    ctx = _context(spec, recipe, dt)
+    per_layer = ctx.tokens // ctx.sp * spec.hidden_size * ctx.act
+    return host_checkpoint_bytes(recipe.checkpointing, len(stage.layers), per_layer,
+                                 recipe.parallelism.tp, inflight)
+
+
 def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
                  memo: dict[object, object] | None = None) -> tuple[list[Point], int]:
     """Points of one micro-batch through ``stage``; and the parameter-gradient bytes the
@@ -91,7 +103,8 @@ def _graph_args(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes
     ctx = _context(spec, recipe, dt)
     args = dict(first=stage.index == 0, last=stage.index == recipe.parallelism.pp - 1,
                 tp=recipe.parallelism.tp, attention=str(recipe.platform.attention),
-                checkpointing=str(recipe.checkpointing.kind),
+                checkpointing=policy_of(recipe.checkpointing, recipe.parallelism.tp,
+                                        recipe.parallelism.sequence_parallel),
                 train_from=(spec.num_layers - recipe.method.freeze_trainable_layers
                             if recipe.method.kind == "freeze" else None))
     return ctx, args
@@ -130,7 +143,9 @@ def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
     are identical, else of the whole stage."""
     sig = signatures(spec, memo)
     start = layers.start
-    if args["train_from"] is None and len(layers) and len({sig[i] for i in layers}) == 1:
+    uniform = getattr(args["checkpointing"], "uniform", True)
+    if args["train_from"] is None and uniform and len(layers) \
+            and len({sig[i] for i in layers}) == 1:
 
         def short(n: int) -> tuple[list[Point], int]:
             k = ("short", sig[start], n, ctx, *args.values())

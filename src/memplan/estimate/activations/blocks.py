@@ -11,7 +11,6 @@ copy that the matmul saves; weights are cast once per forward and cached until a
 
 from __future__ import annotations
 
-
 from dataclasses import dataclass
 
 from . import peft_ops
@@ -155,10 +154,11 @@ class Blocks:
 
     def linear(self, x: Tensor, n_in: int, n_out: int, *, bias: bool = False,
                trained: bool | None = None, tokens: int | None = None,
-               role: tuple[str, ...] = ()) -> Tensor:
+               role: tuple[str, ...] = (), always_recompute: bool = False) -> Tensor:
         """``F.linear``: ``mm`` saves its input when the weight is trained, the (cast) weight when
         the input needs a gradient; the bias gradient is a sum (n_out elements). A frozen linear
-        whose ``role`` is an adapter target gets PEFT's adapter path (``peft_ops.adapt``)."""
+        whose ``role`` is an adapter target gets PEFT's adapter path (``peft_ops.adapt``); an
+        ``mm`` to a per-op policy (``addmm`` with a bias; ``always_recompute``: never saved)."""
         c = self.c
         trained = c.trained if trained is None else trained
         t = tokens or c.tokens
@@ -181,7 +181,7 @@ class Blocks:
                      grad=trained or x.grad or adapted or (bias and c.bias_trained))
         saves = ([xin] if trained else []) + ([w] if (w is not None and xin.grad) else [])
         self.g.op([mm_in] + ([w] if w is not None else []), (y,), saves, grads=(mm_in,),
-                  params=pg, kind="mm")
+                  params=pg, kind="mm", save="never" if always_recompute else "" if bias else "mm")
         if adapted:
             y = peft_ops.adapt(self, x, y, n_in, n_out, t, bias=bias)
         if c.sp > 1 and tokens is None and role in (("o",), ("down",)):
@@ -277,7 +277,7 @@ class Blocks:
         n_out = out_numel or q.nbytes // q.itemsize
         out = self.new(n_out, q.itemsize, q.grad or k.grad or v.grad)
         lse = self.new(c.tokens * heads, 4, grad=False)
-        self.g.op([q, k, v], (out, lse), [q, k, v, out, lse], kind="attn")
+        self.g.op([q, k, v], (out, lse), [q, k, v, out, lse], kind="attn", save="attention")
         return out
 
     def eager(self, q: Tensor, k: Tensor, v: Tensor, heads: int, kv_heads: int, *,

@@ -15,6 +15,7 @@ from .graph import Graph as OpGraph
 from .graph import Tensor
 from .ln_decoder import gelu_new, ln_decoder_layer
 from .peft_ops import prefix_kv
+from .policy import Policy
 from .t5 import t5_graph
 from ..peft import prefix_token_dim
 
@@ -162,7 +163,7 @@ def _moe(b: Blocks, y: Tensor, h: int, ffn: Any, tp: int) -> Tensor:
     c = b.c
     t, k, e = c.tokens // c.sp, max(1, ffn.top_k), ffn.num_experts  # local sequence shard
     f = ffn.intermediate_size // tp
-    logits = b.linear(y, h, e, tokens=t)
+    logits = b.linear(y, h, e, tokens=t, always_recompute=True)
     probs = b.new(t * e, 4, logits.grad)
     b.g.op([logits], (probs,), [probs])
     topw = b.new(t * k, 4, probs.grad)
@@ -293,7 +294,7 @@ def _input_side(b: Blocks, spec: ModelSpec, x: Tensor | None) -> Tensor:
 
 
 def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: bool,
-                tp: int, attention: str, checkpointing: str,
+                tp: int, attention: str, checkpointing: Policy,
                 train_from: int | None = None) -> OpGraph:
     """The forward of one pipeline stage (layers ``layers``; embedding if ``first``; final norm,
     head and loss if ``last``) for one micro-batch on one rank. ``train_from``: layers from
@@ -301,7 +302,7 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
     tr = _traits(spec)
     if tr.graph is Graph.T5:
         return t5_graph(spec, tr, ctx, attention=attention, checkpointing=checkpointing)
-    g = OpGraph()
+    g = OpGraph(stash=checkpointing.stash, save_attention=not ctx.cpu)
     b = Blocks(g, ctx)
     h, V = spec.hidden_size, spec.vocab_size
     if first:
@@ -341,9 +342,10 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
         mask = masks.get(kinds[i] if i < len(kinds) else "full_attention")
         if not ctx.trained and train_from is not None and i >= train_from:
             b.c = replace(ctx, trained=True, act=ctx.train_act)
-        with g.checkpoint(checkpointing == "full"):
+        with g.checkpoint(checkpointing.layer_checkpointed(i - layers.start)
+                          or checkpointing.per_op, per_op=checkpointing.per_op):
             x = layer_fn(b, x, spec.layers[i], spec, tp=tp, attention=attention, mask=mask,
-                         selective=checkpointing == "selective")
+                         selective=checkpointing.selective)
         b.c = ctx
     if last:
         g.region = "head"

@@ -11,6 +11,10 @@ gradient. ``simulate`` then replays the step exactly as the autograd engine woul
   cache, the model output);
 - activation checkpointing: ops of a checkpointed group keep only the group's inputs; in the
   backward, the group's forward is re-run (saved tensors re-allocated) just before its backward;
+  under a selective policy (``torch.utils.checkpoint.create_selective_checkpoint_contexts``)
+  the outputs of ops marked ``cached`` are kept from the forward and handed back to the
+  recompute instead of being recomputed; with a ``stash`` (DeepSpeed) the group keeps a copy of
+  a fraction of its inputs in place of the inputs, re-materialised for the recompute;
 - backward, ops in reverse: the gradient of each input is allocated (accumulated in place when a
   tensor feeds several ops), parameter gradients appear (16-bit first, then the fp32 copy under
   autocast), then the op's output gradients and the saved tensors nobody else needs are freed.
@@ -62,6 +66,9 @@ class Op:
     """What kernel runs it, for the step time (``traffic.py``): ``ew`` a memory-bound kernel
     (elementwise, norm, softmax, copy, reduction), ``mm`` a GEMM (timed by its roofline in
     ``timing/kernels.py``), ``attn`` a fused attention kernel, ``comm`` a collective."""
+    cached: bool = False
+    """In a group under a selective policy: the outputs are saved in the forward (``MUST_SAVE``)
+    and reused by the recompute."""
 
 
 @dataclass(slots=True)
@@ -91,30 +98,55 @@ class Graph:
     group: int = -1
     param_grad_bytes: int = 0
     """Total bytes of parameter gradients the graph produces (as computed)."""
+    stash: float | None = None
+    """DeepSpeed checkpointing: the fraction of each group input's bytes the group keeps on the
+    device (1/tp partitioned, 0 on the host) instead of the input; None keeps the input."""
+    save_attention: bool = True
+    """Per-op policy: fused attention is in the save list (CUDA's flash / efficient kernels;
+    CPU's flash kernel is not in torchtitan's list)."""
     _groups: int = 0
+    _sac: bool = False
+    _mm: int = 0
 
     @contextmanager
-    def checkpoint(self, enabled: bool = True) -> Iterator[None]:
-        """Ops written inside form one activation-checkpointing group (nothing nested)."""
+    def checkpoint(self, enabled: bool = True, per_op: bool = False) -> Iterator[None]:
+        """Ops written inside form one activation-checkpointing group (nothing nested);
+        ``per_op``: torchtitan's per-op policy decides which outputs are kept (``op``'s
+        ``save``)."""
         if not enabled:
             yield
             return
         self.group = self._groups
         self._groups += 1
+        self._sac, self._mm = per_op, 0
         try:
             yield
         finally:
             self.group = -1
+            self._sac = False
 
     def op(self, inputs: tuple[Tensor, ...] | list[Tensor], outputs: tuple[Tensor, ...] = (),
            saves: tuple[Tensor, ...] | list[Tensor] = (), grads: tuple[Tensor, ...] | None = None,
-           params: tuple[tuple[int, int], ...] = (), kind: str = "ew") -> None:
+           params: tuple[tuple[int, int], ...] = (), kind: str = "ew", save: str = "") -> None:
+        """Append an op; ``kind``: its kernel for the step time (see ``Op.kind``); ``save``: its
+        kind for a per-op policy (``mm``: counted, every second one recomputed; ``attention``: a
+        fused attention kernel; ``never``: an ``mm`` forced to recompute and not counted; ''
+        anything else, recomputed)."""
         ins = tuple(t for t in inputs if t is not None)
         g = tuple(t for t in (ins if grads is None else grads) if t is not None and t.grad)
         kept = tuple(t for t in saves if t is not None)
         if ins and not params and not any(t.grad for t in ins):
             kept = ()  # no input needs a gradient: autograd records no node, saves nothing
-        self.ops.append(Op(self.region, ins, tuple(outputs), kept, g, params, self.group, kind))
+        cached = False
+        if self._sac and self.group >= 0:
+            if save == "mm":
+                self._mm += 1
+                cached = self._mm % 2 == 1  # "Saves output of all compute ops, except every
+                # second mm" (torchtitan _apply_op_sac)
+            elif save == "attention":
+                cached = self.save_attention
+        self.ops.append(Op(self.region, ins, tuple(outputs), kept, g, params, self.group, kind,
+                           cached))
         self.param_grad_bytes += sum(b32 or b for b, b32 in params)
 
 
@@ -161,11 +193,15 @@ def simulate(graph: Graph) -> list[Point]:
     order, each at the region's largest instant."""
     ops = graph.ops
     st = _State()
-    # Who saves a tensor, outside checkpointed groups (inside one, saves die with the forward).
+    # Who saves a tensor, outside checkpointed groups (inside one, saves die with the forward,
+    # except the outputs a selective policy caches).
     keepers: dict[int, int] = {}
     for op in ops:
         for t in op.saves:
             if op.group < 0:
+                keepers[id(t)] = keepers.get(id(t), 0) + 1
+        if op.cached:
+            for t in op.outputs:
                 keepers[id(t)] = keepers.get(id(t), 0) + 1
     # Inputs of a checkpointed group are saved by the checkpoint itself.
     group_inputs: dict[int, list[Tensor]] = {}
@@ -180,7 +216,11 @@ def simulate(graph: Graph) -> list[Point]:
                     lst = group_inputs.setdefault(op.group, [])
                     if t not in lst:
                         lst.append(t)
-                        keepers[id(t)] = keepers.get(id(t), 0) + 1
+                        if graph.stash is None:
+                            keepers[id(t)] = keepers.get(id(t), 0) + 1
+    stashes: set[int] = set()
+    if graph.stash is not None:
+        ops = _with_stashes(ops, group_inputs, graph.stash, keepers, stashes)
 
     # -- forward ---------------------------------------------------------------------------
     _run_forward(ops, st, "forward", keepers, hold_kept=True)
@@ -200,6 +240,12 @@ def simulate(graph: Graph) -> list[Point]:
     for op in reversed(ops):
         if op.group >= 0 and op.group not in recomputed:
             recomputed.add(op.group)
+            if graph.stash is not None:  # DeepSpeed gathers / copies the full inputs back
+                for t in group_inputs.get(op.group, []):
+                    if id(t) in stashes:
+                        continue
+                    st.alloc(t, "saved")
+                    remaining[id(t)] = remaining.get(id(t), 0) + 1
             _recompute(group_ops[op.group], st, remaining)
         flowing = op is last or any(id(t) in grad_of for t in op.outputs)
         if flowing:
@@ -250,9 +296,33 @@ def _run_forward(ops: list[Op], st: _State, phase: str, held: dict[int, int], *,
                 st.free(t)
 
 
+def _with_stashes(ops: list[Op], group_inputs: dict[int, list[Tensor]], fraction: float,
+                  keepers: dict[int, int], stashes: set[int]) -> list[Op]:
+    """``ops`` with, before each group's first op, an op making the group's stash: ``fraction``
+    of its inputs' bytes, held until the group's backward ends (listed with its inputs)."""
+    out: list[Op] = []
+    seen: set[int] = set()
+    for op in ops:
+        if op.group >= 0 and op.group not in seen:
+            seen.add(op.group)
+            ins = group_inputs.get(op.group, [])
+            stash = Tensor(int(sum(t.nbytes for t in ins) * fraction), grad=False)
+            if stash.nbytes:
+                keepers[id(stash)] = 1
+                stashes.add(id(stash))
+                ins.append(stash)
+                out.append(Op(op.region, (), (stash,), (), ()))
+        out.append(op)
+    return out
+
+
 def _recompute(ops: list[Op], st: _State, remaining: dict[int, int]) -> None:
-    """Re-run a checkpointed group's forward in the backward: its saves come back to life."""
+    """Re-run a checkpointed group's forward in the backward: its saves come back to life; the
+    outputs a selective policy cached are handed back (the cache lets go of them)."""
     for op in ops:
         for t in op.saves:
             remaining[id(t)] = remaining.get(id(t), 0) + 1
+        if op.cached:
+            for t in op.outputs:
+                remaining[id(t)] = remaining.get(id(t), 0) - 1
     _run_forward(ops, st, "backward", remaining, hold_kept=False)

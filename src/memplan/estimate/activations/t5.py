@@ -22,6 +22,7 @@ from __future__ import annotations
 from ...model.spec import ModelSpec
 from ...model.traits import Traits
 from .blocks import Blocks, Ctx
+from .policy import Policy
 from .graph import Graph as OpGraph
 from .graph import Tensor
 from .ln_decoder import gelu_new
@@ -82,9 +83,9 @@ def _ff(b: Blocks, x: Tensor, h: int, f: int, *, gated: bool, act: str, p: float
 
 
 def t5_graph(spec: ModelSpec, tr: Traits, ctx: Ctx, *, attention: str,
-             checkpointing: str) -> OpGraph:
+             checkpointing: Policy) -> OpGraph:
     """The forward of T5 for one micro-batch on one rank (no pipeline or tensor split)."""
-    g = OpGraph()
+    g = OpGraph(stash=checkpointing.stash, save_attention=not ctx.cpu)
     b = Blocks(g, ctx)
     cfg = spec.config or {}
     h, V = spec.hidden_size, spec.vocab_size
@@ -100,7 +101,8 @@ def t5_graph(spec: ModelSpec, tr: Traits, ctx: Ctx, *, attention: str,
     def block(x: Tensor, i: int, bias: Tensor, enc_out: Tensor | None,
               cross: Tensor | None) -> Tensor:
         g.region = f"layer {i}"
-        with g.checkpoint(checkpointing == "full"):
+        with g.checkpoint(checkpointing.layer_checkpointed(i) or checkpointing.per_op,
+                          per_op=checkpointing.per_op):
             n = b.rmsnorm(x, h)
             x = b.add(x, b.dropout(_attention(b, n, n, h, heads, d, bias, attention=attention,
                                               p=p), p))
@@ -128,7 +130,7 @@ def t5_graph(spec: ModelSpec, tr: Traits, ctx: Ctx, *, attention: str,
         dbias = b.add(dbias, mask)
     # the zero bias requires a gradient under gradient checkpointing (T5Attention.forward)
     cross = b.new(ctx.seq * ctx.seq * heads, ctx.half if ctx.amp else ctx.act,
-                  grad=checkpointing == "full")
+                  grad=checkpointing.kind == "full")
     g.op([], (cross,))
     for i in dec:
         y = block(y, i, dbias, enc_out, cross)
