@@ -129,9 +129,8 @@ class Blocks:
     def dropout(self, x: Tensor, p: float) -> Tensor:
         """Training-mode dropout: saves a 1-byte mask (CUDA's fused ``native_dropout``). On CPU
         the composite path (``input * noise``, MulBackward0) saves the scaled Bernoulli noise in
-        the input's dtype, fp32 and 16-bit alike (measured with torch 2.13: a bf16 input saves a
-        bf16 noise tensor; the 1-byte mask assumed for 16-bit CPU inputs before left BERT and
-        GPT-2 eager 16-bit runs up to 11% low out of sample). p = 0: identity."""
+        the input's dtype, 16-bit too (measured, torch 2.13: bf16 input, bf16 noise; a 1-byte
+        mask left BERT/GPT-2 16-bit eager runs up to 11% low out of sample). p = 0: identity."""
         if p <= 0:
             return x
         n = x.nbytes // x.itemsize
