@@ -128,6 +128,7 @@ def render_oos_page() -> str:
         "measured cause, or a listed unexplained miss; activations + temporaries at the peak are "
         "reported, not bounded.", "",
         "Fixed after the first run: " + oos.SDPA_MATH_UPCAST, "",
+        "Fixed after the second run: " + oos.EAGER_16BIT_SOFTMAX_DROPOUT, "",
         "Rows that did not run: GPT-2's attention is a `Conv1D`, which memplan's measuring "
         "harness cannot wrap with LoRA (a harness limit, not an estimate).", "",
         oos.table(rows), ""])

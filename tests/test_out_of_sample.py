@@ -23,19 +23,7 @@ ROWS = [json.loads(x) for x in DATA.read_text().splitlines() if x.strip()]
 KEYS = ("model", "hidden", "layers", "vocab", "seq_len", "micro_batch", "precision",
         "attention", "checkpointing", "optimizer", "method")
 
-UNEXPLAINED: dict[int, str] = {
-    4: "bert_mlm h192 1 layer, bf16-true eager, full checkpointing, 2 x 320: +6.6 % on the "
-       "peak. Not identified (at hidden 128, 2 x 128 the same setting is -0.3 %).",
-    15: "gpt2 h96 3 layers, bf16 autocast eager, 2 x 640: -5.3 %. The GPT-2 growth with "
-        "sequence length under autocast that issue #17 reports (-5.0 % to -5.6 % at 1024); "
-        "not identified.",
-    26: "bert_mlm h192 1 layer, bf16-true eager, full checkpointing, 2 x 640: +15.7 %; with "
-        "row 4 (+6.6 % at 320) the error grows with the sequence length. Not identified. Tried: "
-        "BERT's plain softmax returns bf16 under bf16-true where memplan allocates fp32 "
-        "probabilities; making them bf16 moved row 4 to -2.7 % but row 26 to -11.0 % and the "
-        "hidden-128 live BERT bf16-true eager cases out of 5 %, so another S x S term of the "
-        "16-bit eager path is missing as well; the change was not kept.",
-}
+UNEXPLAINED: dict[int, str] = {}
 """Row index -> what was measured, for rows outside the bound with no measured cause."""
 
 

@@ -9,7 +9,8 @@ are compared:
 - **traced**: the same code under ``FakeTensorMode`` (``memplan.trace.trace``);
 - **estimated**: the analytical ``memplan.estimate.estimate`` on the model's config.
 
-A framework case (``trainer``, ``peft``, ``accelerate``, ``plain``: ``harnesses.py``) is run
+A framework case (``trainer``, ``peft``, ``accelerate``, ``plain``: ``harnesses.py``;
+``torchtune``: ``torchtune_harness.py``) is run
 the way its users run it and measured with PyTorch's own ``MemTracker``, a counter memplan's
 estimator and tracer do not share; it has no trace. A case whose framework default differs
 from a memplan assumption the estimator does not follow says why (``differs``) and is reported

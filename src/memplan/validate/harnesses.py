@@ -21,6 +21,8 @@ harness        the run
                every other ``LoraConfig`` field at PEFT's default; the other PEFT methods
                with their own config (``runtime.peft_methods.peft_config``); LoRA-FA with
                ``peft.optimizers.create_lorafa_optimizer``
+``torchtune``  torchtune 0.6.1's builders, ``CEWithChunkedOutputLoss`` and the step of its
+               single-device recipes (``torchtune_harness.py``)
 =============  ==========================================================================
 
 The model is built the way a user builds it: ``AutoModelForCausalLM.from_config`` (fp32
@@ -50,8 +52,8 @@ __all__ = ["HARNESSES", "FRAMEWORK_HARNESSES", "measure_with_harness"]
 
 HARNESSES = ("memplan", "trainer", "peft", "accelerate", "plain", "torchtune")
 """Values of a case's ``harness`` field (``memplan``: memplan's own measure and trace)."""
-FRAMEWORK_HARNESSES = ("trainer", "peft", "accelerate", "plain")
-"""Harnesses implemented here (torchtune is not installed in this project's environments)."""
+FRAMEWORK_HARNESSES = ("trainer", "peft", "accelerate", "plain", "torchtune")
+"""The harnesses that run a framework (every one but ``memplan``)."""
 
 _STEPS = 2
 
@@ -227,9 +229,7 @@ def measure_with_harness(harness: str, config_path: str, recipe: Recipe, *,
     counted by PyTorch's MemTracker. ``base_dtype`` (``bf16``/``fp16``): the model is cast to it
     before the harness runs, as a user who loads a 16-bit checkpoint does; '' keeps the fp32 of
     ``from_config``."""
-    run = {"plain": _plain, "accelerate": _accelerate, "trainer": _trainer,
-           "peft": _peft}.get(harness)
-    if run is None:
+    if harness not in FRAMEWORK_HARNESSES:
         raise ConfigError([f"harness={harness!r} has no runner; implemented: "
                            f"{', '.join(FRAMEWORK_HARNESSES)}."])
     if _k(recipe)["device"] != "cpu":
@@ -239,5 +239,12 @@ def measure_with_harness(harness: str, config_path: str, recipe: Recipe, *,
     # frameworks may print (DeepSpeed, imported by the HF Trainer when installed, logs to
     # stdout): keep it off stdout, where `memplan validate --format json` writes its report
     with contextlib.redirect_stdout(sys.stderr):
+        if harness == "torchtune":  # builds its own model from the config's sizes
+            from .torchtune_harness import measure_torchtune
+
+            return measure_torchtune(config_path, recipe, _STEPS)
         model = _model(config_path, recipe, base_dtype)
-        return _peft(model, recipe, config_path) if harness == "peft" else run(model, recipe)
+        if harness == "peft":
+            return _peft(model, recipe, config_path)
+        run = {"plain": _plain, "accelerate": _accelerate, "trainer": _trainer}[harness]
+        return run(model, recipe)

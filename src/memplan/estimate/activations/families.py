@@ -227,8 +227,13 @@ def _qkv_attention(b: Blocks, y: Tensor, h: int, heads: int, d: int, *, attentio
                 q, k, v = (b.copy(t, 1.0) for t in (q, k, v))
             if neox:  # the strided view of the fused output is copied for the matmul
                 v = b.copy(v, 1 / 3)
+            # GPT-2 and BERT call softmax without dtype: its output keeps the scores' dtype
+            # (bf16 under bf16-true, and under CPU autocast, whose fp32 list lacks softmax),
+            # fp32 only for fp32 scores or under CUDA autocast (softmax is on its fp32 list;
+            # torch/csrc/autograd autocast_mode.cpp). NeoX passes dtype=torch.float32.
+            sm32 = neox or math or low == 4 or (c.amp and not c.cpu)
             o = b.eager(q, k, v, heads, heads, dropout=dropout, mask=mask, autocast=not math,
-                        upcast_input=False)
+                        upcast_input=False, softmax_fp32=sm32)
             if math and low < 4:
                 o = b.cast(o, low)
     return b.linear(o, heads * d, h, bias=True, role=("o",))
