@@ -23,7 +23,7 @@ HOW = "measured: live storage bytes (memplan.measure.session)"
 def build_report(*, rank: int, world: int, model: ModelInfo, device: DeviceInfo,
                  steps: Sequence[StepMeasurement], counters: Counters, cuda: bool,
                  samples: Sequence[dict[str, Any]] = (), tensors: Sequence[dict[str, Any]] = (),
-                 end: RunEnd | None = None) -> MeasureReport:
+                 end: RunEnd | None = None, loop: dict[str, Any] | None = None) -> MeasureReport:
     """The report of one rank (see ``MeasureReport``)."""
     notes: list[str] = []
     outside: tuple[Item, ...] = ()
@@ -65,7 +65,8 @@ def build_report(*, rank: int, world: int, model: ModelInfo, device: DeviceInfo,
                        unmodelled=unmodelled, notes=tuple(notes))
     b = Breakdown(source="measure", model=model, recipe={}, device=device, ranks=(rb,))
     return MeasureReport(breakdown=b, rank=rank, world_size=world, counters=counters,
-                         samples=tuple(samples), tensors=tuple(tensors), end=end)
+                         samples=tuple(samples), tensors=tuple(tensors), end=end,
+                         loop=dict(loop or {}))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -160,4 +161,5 @@ def assemble(records: list[dict[str, Any]], parent: ParentView | None = None) ->
                         model=ModelInfo.from_dict(start["model"]),
                         device=DeviceInfo.from_dict(start["device"]), steps=steps,
                         counters=counters, cuda=bool(start.get("cuda")), samples=samples,
-                        tensors=tensors, end=end)
+                        tensors=tensors, end=end,
+                        loop=next((r["loop"] for r in records if r["kind"] == "loop"), None))
