@@ -111,9 +111,6 @@ def check_traceable(recipe: Recipe) -> tuple[str, ...]:
                   "keeps no S x S scores either).")
         else:
             notes.append("attention=flash traced as SDPA (its flash backend on CUDA).")
-    if recipe.batch.grad_accum > 1:
-        notes.append(f"grad_accum={recipe.batch.grad_accum}: one micro-batch per step is run; "
-                     "accumulating keeps the same peak once gradients exist.")
     if p:
         raise TraceError(str(ConfigError(p.items)))
     return tuple(notes)
@@ -396,4 +393,5 @@ def build_workload(built: Built, recipe: Recipe) -> Workload:
                     loss_fn=None if hf else _generic_loss, info=info, notes=built.notes,
                     loop=dict(outputs_kept=recipe.loop.outputs == "kept",
                               zero_grad_at=str(recipe.loop.zero_grad),
-                              set_to_none=recipe.loop.set_to_none))
+                              set_to_none=recipe.loop.set_to_none,
+                              grad_accum=recipe.batch.grad_accum))

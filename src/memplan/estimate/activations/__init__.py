@@ -61,7 +61,22 @@ def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
                adapter=int(dtype_bytes(recipe.method.adapter_dtype)),
                train_act=int(pbytes), loss=recipe.loss.kind,
                sp=par.tp if par.sequence_parallel else 1,
-               capacity=float(par.moe_capacity_factor))
+               capacity=float(par.moe_capacity_factor),
+               accumulate=accumulates(recipe))
+
+
+def accumulates(recipe: Recipe) -> bool:
+    """Whether the backward adds into gradients that already exist: torch's ``AccumulateGrad``
+    (torch/csrc/autograd/functions/accumulate_grad.h, ``accumulateGrad``) steals the computed
+    gradient when ``.grad`` is None and otherwise adds it in place (``variable_grad +=
+    new_grad``), so the computed gradient is a temporary. That happens in every micro-batch
+    but the first under gradient accumulation, and in every step under
+    ``zero_grad(set_to_none=False)``. Only where torch.optim's parameters own their ``.grad``
+    (no ZeRO sharding, no pipeline engine): DeepSpeed, FSDP and Megatron keep their own
+    gradient buffers."""
+    par = recipe.parallelism
+    return ((recipe.batch.grad_accum > 1 or not recipe.loop.set_to_none)
+            and par.zero == 0 and par.pp == 1 and str(recipe.engine_kind) == "ddp")
 
 
 def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
