@@ -108,3 +108,26 @@ def test_estimate_with_accumulation_is_not_below_without():
     acc = estimate(spec, replace(base, batch=replace(base.batch, grad_accum=2)),
                    dev).worst.peak_allocated_bytes
     assert acc > one
+
+
+@pytest.mark.parametrize("kw, shared_k, shared_v", [
+    ({"precision": "32-true"}, True, True),  # SDPA saves the cached K/V themselves
+    ({"precision": "bf16-mixed"}, False, True),  # fp32 rotary key, saved as a 16-bit cast
+    ({"precision": "32-true", "attention": "eager"}, False, False),  # GQA repeat_kv copies
+])
+def test_kv_cache_split_into_saved_and_extra(kw, shared_k, shared_v):
+    from memplan.estimate.layout import layout
+    from memplan.estimate.loop import kv_cache_bytes
+    from memplan.facts import dtypes
+    from memplan.model import load_model
+
+    spec = load_model(str(TINY))  # 2 layers, 2 kv heads x 32, mb 2 x seq 128
+    r = Recipe.from_dict({**kw, "micro_batch": 2, "seq_len": 128, "outputs": "kept",
+                          "use_cache": True})
+    dt = dtypes(r)
+    stage = layout(spec, r)[0]
+    k = 2 * 256 * 2 * 32 * (4 if kw["precision"] != "bf16-mixed" else 4)  # rotary key fp32
+    v = 2 * 256 * 2 * 32 * (4 if kw["precision"] != "bf16-mixed" else 2)
+    shared, extra = kv_cache_bytes(spec, stage, r, dt)
+    assert shared == k * shared_k + v * shared_v
+    assert extra == k * (not shared_k) + v * (not shared_v)

@@ -86,11 +86,12 @@ def test_hints_name_the_flags_that_match_the_run():
     recipe = {"outputs": "dropped", "zero_grad": "after-step", "set_to_none": True,
               "optimizer_impl": "auto", "grad_accum": 1, "device": "cuda"}
     hints = "\n".join(loop_hints(loop, recipe))
-    for flag in ("--outputs kept", "--zero-grad before-backward", "--optimizer-impl fused",
-                 "--grad-accum 4"):
+    for flag in ("--outputs kept", "--use-cache", "--zero-grad before-backward",
+                 "--optimizer-impl fused", "--grad-accum 4"):
         assert flag in hints
     assert "--no-set-to-none" not in hints
-    same = {"outputs": "kept", "zero_grad": "before-backward", "set_to_none": True,
+    same = {"outputs": "kept", "use_cache": True, "zero_grad": "before-backward",
+            "set_to_none": True,
             "optimizer_impl": "fused", "grad_accum": 4, "device": "cuda"}
     assert loop_hints(loop, same) == []
     kept_grads = {**loop, "zero_grad": "none (gradients kept)", "set_to_none": False}

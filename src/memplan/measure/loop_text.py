@@ -42,6 +42,9 @@ def loop_hints(loop: dict[str, Any], recipe: dict[str, Any]) -> list[str]:
         flag = "kept" if outputs.startswith("kept") else "dropped"
         out.append(f"the run's outputs were {outputs}; the estimate assumed "
                    f"{recipe.get('outputs', 'dropped')} (use --outputs {flag})")
+    if "past_key_values" in outputs and not recipe.get("use_cache", False):
+        out.append("the run's kept outputs held past_key_values (the model's config has "
+                   "use_cache on; use --use-cache, or set model.config.use_cache = False)")
     zg = loop.get("zero_grad")
     if zg == "before-backward" and recipe.get("zero_grad", "after-step") != zg:
         out.append("the run called zero_grad before the backward (use --zero-grad "

@@ -140,7 +140,8 @@ def _hf_model(config: dict[str, Any], recipe: Recipe, where: str) -> Any:
     except (ValueError, KeyError) as e:
         raise ModelConfigError(f"{where}: transformers cannot build a config for model_type "
                                f"{model_type!r} ({e}).") from None
-    cfg.use_cache = False
+    # the HF Trainer's default (TrainingArguments.use_cache=False), unless the loop says
+    cfg.use_cache = recipe.loop.use_cache and recipe.checkpointing.kind == "none"
     archs = [a for a in (data.get("architectures") or []) if hasattr(transformers, a)]
     cls = getattr(transformers, archs[0]) if archs else None
     if cls is None:
