@@ -200,9 +200,8 @@ def measure_step(
                         optimizer.zero_grad(set_to_none=set_to_none)
                     if grad_accum > 1:
                         loss = loss.div_(grad_accum) if scale_in_place else loss / grad_accum
-                    loss.backward()
+                    loss.backward()  # the last micro-batch's loss lives through the step
                     mark_grads(tracker, params, owners)
-                    del loss
 
                 tracker.set_phase(Phase.OPTIMIZER)
                 tracker.owner = OPTIMIZER if labeller else ""
@@ -212,6 +211,7 @@ def measure_step(
 
                 w = close_step(tracker)
                 assert w is not None
+                del loss
                 results.append(step_measurement(tracker, w))
     finally:
         del outputs

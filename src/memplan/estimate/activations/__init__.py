@@ -61,8 +61,7 @@ def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
                adapter=int(dtype_bytes(recipe.method.adapter_dtype)),
                train_act=int(pbytes), loss=recipe.loss.kind,
                sp=par.tp if par.sequence_parallel else 1,
-               capacity=float(par.moe_capacity_factor),
-               accumulate=accumulates(recipe))
+               capacity=float(par.moe_capacity_factor))
 
 
 def accumulates(recipe: Recipe) -> bool:
@@ -93,19 +92,21 @@ def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
                 checkpointing=str(recipe.checkpointing.kind),
                 train_from=(spec.num_layers - recipe.method.freeze_trainable_layers
                             if recipe.method.kind == "freeze" else None))
+    acc = accumulates(recipe)
     if memo is None:
         g = stage_graph(spec, stage.layers, ctx, **args)  # type: ignore[arg-type]
+        g.accumulate = acc
         return simulate(g), g.param_grad_bytes
     if not args["last"]:
         ctx = replace(ctx, loss="standard")  # read by the last stage's loss only (families.py)
-    key = ("stage_points", stage.layers, ctx, *args.values())
+    key = ("stage_points", stage.layers, ctx, acc, *args.values())
     if key not in memo:
-        memo[key] = _composed(spec, stage.layers, ctx, args, memo)
+        memo[key] = _composed(spec, stage.layers, ctx, args, memo, acc)
     return memo[key]  # type: ignore[return-value]
 
 
 def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
-              memo: dict[object, object]) -> tuple[list[Point], int]:
+              memo: dict[object, object], acc: bool) -> tuple[list[Point], int]:
     """``simulate`` of the stage, from three short simulations (``compose.py``) when its layers
     are identical, else of the whole stage."""
     sig = signatures(spec, memo)
@@ -113,9 +114,10 @@ def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
     if args["train_from"] is None and len(layers) and len({sig[i] for i in layers}) == 1:
 
         def short(n: int) -> tuple[list[Point], int]:
-            k = ("short", sig[start], n, ctx, *args.values())
+            k = ("short", sig[start], n, ctx, acc, *args.values())
             if k not in memo:
                 g = stage_graph(spec, range(start, start + n), ctx, **args)  # type: ignore[arg-type]
+                g.accumulate = acc
                 pts = [Point(p.phase, _relabel(p.region, start), p.saved, p.temp, p.grads)
                        for p in simulate(g)]
                 memo[k] = pts, g.param_grad_bytes
@@ -125,6 +127,7 @@ def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
         if out is not None:
             return out
     g = stage_graph(spec, layers, ctx, **args)  # type: ignore[arg-type]
+    g.accumulate = acc
     return simulate(g), g.param_grad_bytes
 
 

@@ -74,10 +74,6 @@ class Ctx:
     """The token embedding trains under a frozen-base method (PEFT ``modules_to_save``)."""
     head_trained: bool = False
     """The output layer trains under a frozen-base method (PEFT ``modules_to_save``)."""
-    accumulate: bool = False
-    """Parameter gradients land in an existing ``.grad`` (a later micro-batch of gradient
-    accumulation, or ``zero_grad(set_to_none=False)``): the computed gradient is a temporary
-    that ``AccumulateGrad`` adds in place."""
 
     @property
     def tokens(self) -> int:

@@ -301,7 +301,7 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
     tr = _traits(spec)
     if tr.graph is Graph.T5:
         return t5_graph(spec, tr, ctx, attention=attention, checkpointing=checkpointing)
-    g = OpGraph(accumulate=ctx.accumulate)
+    g = OpGraph()
     b = Blocks(g, ctx)
     h, V = spec.hidden_size, spec.vocab_size
     if first:

@@ -88,8 +88,8 @@ class Graph:
     param_grad_bytes: int = 0
     """Total bytes of parameter gradients the graph produces (as computed)."""
     accumulate: bool = False
-    """Parameter gradients are added into an existing ``.grad`` (``Ctx.accumulate``): each
-    computed gradient (and its cast) is a temporary at its op."""
+    """Parameter gradients are added into an existing ``.grad`` (``activations.accumulates``):
+    each computed gradient (and its cast) is a temporary at its op."""
     _groups: int = 0
 
     @contextmanager

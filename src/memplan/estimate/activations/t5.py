@@ -84,7 +84,7 @@ def _ff(b: Blocks, x: Tensor, h: int, f: int, *, gated: bool, act: str, p: float
 def t5_graph(spec: ModelSpec, tr: Traits, ctx: Ctx, *, attention: str,
              checkpointing: str) -> OpGraph:
     """The forward of T5 for one micro-batch on one rank (no pipeline or tensor split)."""
-    g = OpGraph(accumulate=ctx.accumulate)
+    g = OpGraph()
     b = Blocks(g, ctx)
     cfg = spec.config or {}
     h, V = spec.hidden_size, spec.vocab_size
