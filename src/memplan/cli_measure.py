@@ -53,6 +53,9 @@ def measure_command(
         ooms = {r: b for r, e in report.endings.items()
                 if (b := beside_estimate(e, expected)) is not None}
     from .measure.aggregate import NO_PLOT, plot_available
+    from .measure.loop_text import describe_loop, loop_hints
+
+    hints = loop_hints(report.loop, expected.recipe) if expected and report.loop else []
 
     if not plot_available():
         typer.echo(NO_PLOT, err=True)
@@ -62,7 +65,8 @@ def measure_command(
                                                 for r in report.breakdown.ranks),
                     "ended": {r: e.to_dict() for r, e in report.endings.items()},
                     "ranks_missing": list(report.ranks_missing),
-                    "oom_vs_estimate": {r: b.to_dict() for r, b in ooms.items()}})
+                    "oom_vs_estimate": {r: b.to_dict() for r, b in ooms.items()},
+                    "loop": report.loop, "loop_hints": hints})
     else:
         from rich.console import Console
 
@@ -73,6 +77,10 @@ def measure_command(
         console.print(f"measured: peak {fmt_bytes(worst.peak_allocated_bytes)} at "
                       f"{worst.peak_moment.label} ({worst.peak_step} step); host RSS peak "
                       f"{fmt_bytes(report.peak_rss_bytes)}; report in {out}/")
+        if report.loop:
+            console.print(describe_loop(report.loop), highlight=False, soft_wrap=True)
+        for hint in hints:
+            console.print(f"  {hint}", highlight=False, markup=False, soft_wrap=True)
         for r, e in report.endings.items():
             if e.how != "completed" or e.report_errors:
                 who = f"rank {r}" if report.world_size > 1 else "run"

@@ -15,6 +15,14 @@ frees the gradients after the step. Two common loops keep more:
 
 ``zero_grad(set_to_none=False)`` (torch 1.x's default) keeps the gradients allocated for good;
 ``model_states`` treats them as persistent.
+
+With ``use_cache`` (a plain loop over a model whose config has ``use_cache: true``) the kept
+outputs also hold ``past_key_values``: transformers' ``DynamicCache`` keeps each layer's keys and
+values (``cache_utils.py``, ``DynamicLayer.update``: the ``torch.cat`` result the attention then
+uses). Where the attention saves that very tensor (SDPA, or eager without a GQA repeat, in the
+matmul dtype) the cache only keeps it past its use: through the rest of the backward, the
+optimizer step and the next forward. Where it saves a copy instead (autocast casts the fp32
+rotary key to 16-bit; eager GQA repeats K/V), the cache is extra from the forward on.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from ..facts import Dtypes
 from .layout import Stage
 from .lines import Line
 
-__all__ = ["loop_lines", "logits_bytes"]
+__all__ = ["loop_lines", "logits_bytes", "kv_cache_bytes"]
 
 
 def logits_bytes(model: ModelSpec, recipe: Recipe, dt: Dtypes) -> int:
@@ -38,6 +46,53 @@ def logits_bytes(model: ModelSpec, recipe: Recipe, dt: Dtypes) -> int:
     par = recipe.parallelism
     tokens = recipe.batch.micro_batch * -(-recipe.batch.seq_len // par.cp)
     return tokens * (model.vocab_size // par.tp) * dtype_bytes(dt.compute)
+
+
+def kv_cache_bytes(model: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> tuple[int, int]:
+    """``(shared, extra)``: bytes of ``past_key_values`` on one rank that are the tensors the
+    attention saves, and that are copies it does not save. Per decoder layer: micro_batch x
+    seq / cp tokens x kv_heads / tp x (head_dim + v_head_dim) elements; the key in fp32 when
+    autocast meets rotary (HF ``apply_rotary_pos_emb`` multiplies the 16-bit key by fp32
+    cos/sin), else in the matmul dtype; MLA caches every head's expanded key and value."""
+    par = recipe.parallelism
+    tokens = recipe.batch.micro_batch * -(-recipe.batch.seq_len // par.cp)
+    half = dtype_bytes(dt.compute)
+    amp = recipe.precision.kind.endswith("-mixed") and dtype_bytes(dt.param) == 4 and half < 4
+    rotary = model.traits is not None and model.traits.rotary_dims > 0
+    kb = 4 if amp and rotary else half
+    shared = extra = 0
+    for i in stage.layers:
+        layer = model.layers[i]
+        a = layer.attention
+        if a is None or layer.kind != "decoder":
+            continue
+        kv = max(1, (a.num_heads if a.kind == "mla" else a.num_kv_heads) // par.tp)
+        repeat = recipe.platform.attention == "eager" and a.kind != "mla" \
+            and a.num_kv_heads != a.num_heads
+        k, v = tokens * kv * a.head_dim * kb, tokens * kv * a.v_head_dim * half
+        shared += (0 if repeat or kb != half else k) + (0 if repeat else v)
+        extra += (k if repeat or kb != half else 0) + (v if repeat else 0)
+    return shared, extra
+
+
+def _cache_lines(model: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
+    shared, extra = kv_cache_bytes(model, stage, recipe, dt)
+    why = "outputs.past_key_values (use_cache): "
+    out = [Line(Item(category=Category.ACTIVATIONS, name="kept outputs' past_key_values "
+                     "(K/V kept past their use)", bytes=shared,
+                     formula=why + "the K/V the attention saved stay alive as each layer's "
+                     "backward ends (grows with the backward), and through the step"),
+                (Phase.BACKWARD, Phase.OPTIMIZER), grows=True),
+           Line(Item(category=Category.ACTIVATIONS, name="kept outputs' past_key_values "
+                     "(copies the attention does not save)", bytes=extra,
+                     formula=why + "fp32 rotary keys under autocast, un-repeated GQA K/V "
+                     "under eager: alive from the forward on"),
+                (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)),
+           Line(Item(category=Category.ACTIVATIONS, name="previous step's past_key_values "
+                     "(until the forward returns)", bytes=shared + extra,
+                     formula=why + "rebound only after model(**batch) returns"),
+                (Phase.FORWARD,), lazy=True)]
+    return [ln for ln in out if ln.item.bytes]
 
 
 def loop_lines(model: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
@@ -58,6 +113,9 @@ def loop_lines(model: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
             "returns)", bytes=n, formula="the name is rebound only after model(**batch) "
             "returns: the last step's logits live through this forward"),
             (Phase.FORWARD,), lazy=True))
+    if loop.outputs == "kept" and loop.use_cache and recipe.checkpointing.kind == "none" \
+            and recipe.parallelism.pp == 1:
+        out += _cache_lines(model, stage, recipe, dt)
     if loop.zero_grad == "before-backward" and loop.set_to_none:
         grads = [ln for ln in states if ln.item.category is Category.GRADIENTS
                  and Phase.BACKWARD in ln.phases and Phase.FORWARD not in ln.phases]

@@ -23,9 +23,8 @@ HOW = "measured: live storage bytes (memplan.measure.session)"
 def build_report(*, rank: int, world: int, model: ModelInfo, device: DeviceInfo,
                  steps: Sequence[StepMeasurement], counters: Counters, cuda: bool,
                  samples: Sequence[dict[str, Any]] = (), tensors: Sequence[dict[str, Any]] = (),
-                 end: RunEnd | None = None, seen: dict[str, Any] | None = None) -> MeasureReport:
-    """The report of one rank (see ``MeasureReport``); ``seen``: what the run showed of its
-    recipe (the optimizer and its implementation), as recipe keys."""
+                 end: RunEnd | None = None, loop: dict[str, Any] | None = None) -> MeasureReport:
+    """The report of one rank (see ``MeasureReport``)."""
     notes: list[str] = []
     outside: tuple[Item, ...] = ()
     alloc = counters.allocator
@@ -64,10 +63,10 @@ def build_report(*, rank: int, world: int, model: ModelInfo, device: DeviceInfo,
     role = f"rank {rank}" if world > 1 else "every rank"
     rb = RankBreakdown(role=role, ranks=1, moments=moments, outside=outside,
                        unmodelled=unmodelled, notes=tuple(notes))
-    b = Breakdown(source="measure", model=model, recipe=dict(seen or {}), device=device,
-                  ranks=(rb,))
+    b = Breakdown(source="measure", model=model, recipe={}, device=device, ranks=(rb,))
     return MeasureReport(breakdown=b, rank=rank, world_size=world, counters=counters,
-                         samples=tuple(samples), tensors=tuple(tensors), end=end)
+                         samples=tuple(samples), tensors=tuple(tensors), end=end,
+                         loop=dict(loop or {}))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -163,5 +162,4 @@ def assemble(records: list[dict[str, Any]], parent: ParentView | None = None) ->
                         device=DeviceInfo.from_dict(start["device"]), steps=steps,
                         counters=counters, cuda=bool(start.get("cuda")), samples=samples,
                         tensors=tensors, end=end,
-                        seen=next(({k: v for k, v in r.items() if k != "kind"}
-                                   for r in records if r["kind"] == "optimizer"), None))
+                        loop=next((r["loop"] for r in records if r["kind"] == "loop"), None))

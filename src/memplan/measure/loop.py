@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from ..breakdown import Breakdown, Category, Phase
+from ..breakdown import Breakdown, Phase
 from ..results import AllocatorCounters, DeviceInfo, ModelInfo
 from ..runtime.book import (
     close_step,
@@ -54,7 +54,6 @@ from ..runtime.book import (
     mark_optimizer_state,
     mark_params,
     open_step,
-    optimizer_impl,
     step_measurement,
     tensors_of,
 )
@@ -64,6 +63,8 @@ from ..runtime.tracker import StorageTracker, Window, graph_task_id
 from .assemble import assemble
 from .cuda_oom import watch_cuda_oom
 from .ending import parse_cuda_oom, signal_name
+from .loop_seen import LoopWatch
+from .tensor_timeline import timeline_points
 from .report import Counters, MeasureReport
 from .sampler import Nvml, Sampler, host_total_bytes, rss_bytes
 from .stream import FLUSH_S, Stream, stream_path
@@ -86,7 +87,7 @@ class Session:
         self.model, self.optimizer = model, optimizer
         self.flush_s, self.interval_s, self.plot = flush_s, interval_s, plot
         self.out = Path(out) if out is not None else None
-        self.track_tensors, self._opt_seen = track_tensors, False
+        self.track_tensors = track_tensors
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.steps: list[StepMeasurement] = []
@@ -103,6 +104,8 @@ class Session:
         self._stack = ExitStack()
         self._seen_modules: set[int] = set()
         self._owners: dict[int, str] = {}
+        self.loop = LoopWatch()
+        """The training loop seen (outputs kept, zero_grad, optimizer implementation)."""
 
     @property
     def samples(self) -> list[dict[str, Any]]:
@@ -131,12 +134,18 @@ class Session:
                 self._owners = self.labeller.owner_of_tensor
                 self._stack.callback(self.labeller.detach)
             mark_params(self.tracker, params + list(self.model.buffers()), self._owners)
-            h = self.model.register_forward_pre_hook(self._on_forward)
+            hooks = (self.model.register_forward_pre_hook(self._on_forward),
+                     self.model.register_forward_hook(self._on_output))
         else:
-            from torch.nn.modules.module import register_module_forward_pre_hook
+            from torch.nn.modules.module import (
+                register_module_forward_hook,
+                register_module_forward_pre_hook,
+            )
 
-            h = register_module_forward_pre_hook(self._on_forward)
-        self._stack.callback(h.remove)
+            hooks = (register_module_forward_pre_hook(self._on_forward),
+                     register_module_forward_hook(self._on_output))
+        for handle in hooks:
+            self._stack.callback(handle.remove)
         if self.optimizer is not None:
             hs = (self.optimizer.register_step_pre_hook(self._on_step_pre),
                   self.optimizer.register_step_post_hook(self._on_step_post))
@@ -148,6 +157,9 @@ class Session:
 
             hs = (register_optimizer_step_pre_hook(self._on_step_pre),
                   register_optimizer_step_post_hook(self._on_step_post))
+        if self.optimizer is not None:
+            self.loop.watch(self.optimizer)
+        self._stack.callback(self.loop.close)
         for handle in hs:
             self._stack.callback(handle.remove)
         if self.track_tensors:
@@ -208,6 +220,7 @@ class Session:
         self.sampler.stop()
         self._stack.close()
         self.counters = self._counters()
+        self._record({"kind": "loop", "loop": self.loop.record()})
         self._record({"kind": "end", "counters": self.counters.to_dict()}, flush=True)
         if self.stream is not None:
             self.stream.close()
@@ -222,6 +235,7 @@ class Session:
         if t.phase == Phase.FORWARD and graph_task_id() >= 0:
             end_forward(t)  # the autograd engine runs: the backward has begun
             self._phase_record()
+            self.loop.on_backward(self._params())
         # An input never seen was made before the session (the batch, say), or outside the
         # dispatcher: it was not allocated by this step, whatever step first reads it.
         t.see_before_step(tensors_of((args, kwargs)))
@@ -233,6 +247,7 @@ class Session:
             mark_grads(t, self._params(), self._owners)
             if self.optimizer is not None:
                 mark_optimizer_state(t, self.optimizer, self._owners)
+        self.loop.on_step_open(self._params())
         open_step(t, len(self.steps))
 
     def _params(self) -> list[torch.Tensor]:
@@ -255,6 +270,11 @@ class Session:
         t.set_phase(Phase.FORWARD)
         self._phase_record()
         t.owner = ROOT if self.labeller else ""
+        self._root = module
+
+    def _on_output(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if module is getattr(self, "_root", None) and graph_task_id() < 0:
+            self.loop.on_output(output)
 
     def _on_step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         t = self.tracker
@@ -262,12 +282,10 @@ class Session:
             self._open_step()
         if self.track_tensors:
             mark_grads(t, [p for g in optimizer.param_groups for p in g["params"]], self._owners)
-        if not self._opt_seen:  # how the user's optimizer steps (foreach / fused / for-loop)
-            self._opt_seen = True
-            self._record({"kind": "optimizer", **optimizer_impl(optimizer)})
         t.set_phase(Phase.OPTIMIZER)
         self._phase_record()
         t.owner = OPTIMIZER if self.labeller else ""
+        self.loop.on_step(optimizer)
 
     def _on_step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._close_step(optimizer)
@@ -292,35 +310,7 @@ class Session:
             {"t": t, **c} for t, c in self.tensor_timeline[n:]]}, flush=True)
 
     def _timeline_of(self, w: Window) -> None:
-        """Bytes per category over the step in (up to) ``_TIMELINE_POINTS`` buckets of events,
-        each represented by its highest point, so no spike (and not the peak) is lost."""
-        t = self.tracker
-        assert t.times is not None
-        live: set[int] = set(w.start_live)
-        cats = dict.fromkeys((str(c) for c in Category), 0)
-        for uid in live:
-            cats[t.recs[uid].category()] += t.recs[uid].nbytes
-        total = sum(cats.values())
-        n = len(t.events) - w.start_idx
-        every = max(1, -(-n // _TIMELINE_POINTS))
-        best: tuple[int, float, dict[str, int]] | None = None
-        for k in range(w.start_idx, len(t.events)):
-            ev = t.events[k]
-            rec = t.recs.get(abs(ev))
-            if rec is not None:
-                if ev > 0 and ev not in live:
-                    live.add(ev)
-                    cats[rec.category()] += rec.nbytes
-                    total += rec.nbytes
-                elif ev < 0 and -ev in live:
-                    live.discard(-ev)
-                    cats[rec.category()] -= rec.nbytes
-                    total -= rec.nbytes
-            if best is None or total > best[0]:
-                best = (total, t.times[k] - self.t0, dict(cats))
-            if (k - w.start_idx + 1) % every == 0 or k + 1 == len(t.events):
-                self.tensor_timeline.append((best[1], best[2]))
-                best = None
+        self.tensor_timeline += timeline_points(self.tracker, w, self.t0, _TIMELINE_POINTS)
 
     # -- sampling ----------------------------------------------------------------------
     def _sample(self) -> dict[str, Any]:

@@ -82,6 +82,9 @@ class MeasureReport:
     known."""
     rank_ends: dict[int, RunEnd] = field(default_factory=dict)
     """How each rank ended (aggregate only)."""
+    loop: dict[str, Any] = field(default_factory=dict)
+    """The training loop seen (``measure.loop_seen``: outputs, zero_grad, set_to_none,
+    forwards_per_step, optimizer); empty when the session did not close."""
 
     @property
     def endings(self) -> dict[int, RunEnd]:
@@ -114,6 +117,8 @@ class MeasureReport:
                    timeline={"samples": list(self.samples), "tensors": list(self.tensors)})
         if self.end is not None:
             out["end"] = self.end.to_dict()
+        if self.loop:
+            out["loop"] = dict(self.loop)
         return out
 
     @classmethod
@@ -131,4 +136,5 @@ class MeasureReport:
                    world_size=int(d.get("world_size", 1)),
                    counters=Counters.from_dict(d["counters"]) if d.get("counters") else None,
                    samples=tuple(tl.get("samples", ())), tensors=tuple(tl.get("tensors", ())),
-                   end=RunEnd.from_dict(d["end"]) if d.get("end") else None)
+                   end=RunEnd.from_dict(d["end"]) if d.get("end") else None,
+                   loop=dict(d.get("loop") or {}))

@@ -39,6 +39,12 @@ class Loop:
     set_to_none: bool = True
     """``zero_grad(set_to_none=...)``: True (torch >= 2.0's default) frees the gradients; False
     (torch 1.x's default) zeroes them in place, so they stay allocated across steps."""
+    use_cache: bool = False
+    """``model.config.use_cache`` while training: off under the HF Trainer (its
+    ``TrainingArguments.use_cache`` defaults to False), on in a plain loop over a model whose
+    config.json says ``use_cache: true`` (most causal LMs), unless activation checkpointing is
+    on (transformers then turns it off). With ``outputs=kept``, ``outputs.past_key_values``
+    keeps every layer's keys and values alive with the logits."""
 
     def __post_init__(self) -> None:
         check_part(self)

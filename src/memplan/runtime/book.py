@@ -19,7 +19,7 @@ from .steps import CATEGORIES, PHASES, MomentMeasurement, StepMeasurement
 from .tracker import StorageTracker, Window
 
 __all__ = ["close_step", "end_forward", "mark_grads", "mark_optimizer_state", "mark_params",
-           "open_step", "optimizer_impl", "step_measurement", "tensors_of"]
+           "open_step", "step_measurement", "tensors_of"]
 
 
 def tensors_of(obj: Any) -> list[torch.Tensor]:
@@ -143,13 +143,3 @@ def step_measurement(tracker: StorageTracker, w: Window) -> StepMeasurement:
         phase_peaks={p: w.phase_peaks[p] for p in PHASES if p in w.phase_peaks},
         at_peak=_replay(w, tracker), start_bytes=w.start_bytes, end_bytes=tracker.live_bytes,
         moments=_replay_moments(w, tracker))
-
-
-def optimizer_impl(optimizer: Any) -> dict[str, str]:
-    """How a torch optimizer steps, as ``Recipe.optimizer.impl`` names it: ``fused`` / ``foreach``
-    when set, ``for-loop`` for ``foreach=False``, ``auto`` (torch's default for the device)
-    when neither was given; with the optimizer's class."""
-    d = getattr(optimizer, "defaults", {}) or {}
-    impl = ("fused" if d.get("fused") else "foreach" if d.get("foreach")
-            else "for-loop" if d.get("foreach") is False else "auto")
-    return {"optimizer": type(optimizer).__name__, "optimizer_impl": impl}

@@ -125,6 +125,8 @@ def measure_step(
     outputs_kept: bool = False,
     zero_grad_at: str = "after-step",
     set_to_none: bool = True,
+    grad_accum: int = 1,
+    scale_in_place: bool = False,
 ) -> list[StepMeasurement]:
     """Run ``steps`` real training steps and count live tensor bytes in each.
 
@@ -142,11 +144,17 @@ def measure_step(
     until the next forward returns (the loss is ``outputs.loss``; transformers models only);
     ``zero_grad_at="before-backward"`` calls ``zero_grad`` between the forward and the backward
     instead of before the forward; ``set_to_none=False`` zeroes the gradients in place.
+    ``grad_accum`` micro-batches (forward and backward each, the loss divided by
+    ``grad_accum``: ``loss = loss / grad_accum`` as Accelerate's and the HF course's loops
+    write it, or ``loss.div_(grad_accum)`` with ``scale_in_place``) run before each
+    ``optimizer.step()``.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if outputs_kept and loss_fn is not None:
         raise ValueError("outputs_kept needs the model's own output (.loss); got a loss_fn")
+    if grad_accum < 1:
+        raise ValueError(f"grad_accum must be >= 1, got {grad_accum}")
     if zero_grad_at not in ("after-step", "before-backward"):
         raise ValueError(f"zero_grad_at={zero_grad_at!r} is not after-step or before-backward")
     loss_fn = loss_fn or _default_loss
@@ -178,19 +186,22 @@ def measure_step(
                 tracker.owner = ROOT if labeller else ""
 
                 open_step(tracker, step)
-                tracker.set_phase(Phase.FORWARD)
-                with (torch.autocast(device_type, dtype=autocast_dtype)
-                      if autocast_dtype is not None else nullcontext()):
-                    if outputs_kept:
-                        outputs = model(**batch)  # the last step's outputs die only now
-                        loss = outputs.loss
-                    else:
-                        loss = loss_fn(model, batch)
-                end_forward(tracker)
-                if zero_grad_at == "before-backward":
-                    optimizer.zero_grad(set_to_none=set_to_none)
-                loss.backward()
-                mark_grads(tracker, params, owners)
+                for micro in range(grad_accum):
+                    tracker.set_phase(Phase.FORWARD)
+                    with (torch.autocast(device_type, dtype=autocast_dtype)
+                          if autocast_dtype is not None else nullcontext()):
+                        if outputs_kept:
+                            outputs = model(**batch)  # the last outputs die only now
+                            loss = outputs.loss
+                        else:
+                            loss = loss_fn(model, batch)
+                    end_forward(tracker)
+                    if zero_grad_at == "before-backward" and micro == 0:
+                        optimizer.zero_grad(set_to_none=set_to_none)
+                    if grad_accum > 1:
+                        loss = loss.div_(grad_accum) if scale_in_place else loss / grad_accum
+                    loss.backward()  # the last micro-batch's loss lives through the step
+                    mark_grads(tracker, params, owners)
 
                 tracker.set_phase(Phase.OPTIMIZER)
                 tracker.owner = OPTIMIZER if labeller else ""

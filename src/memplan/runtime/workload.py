@@ -114,9 +114,6 @@ def check_traceable(recipe: Recipe) -> tuple[str, ...]:
                   "keeps no S x S scores either).")
         else:
             notes.append("attention=flash traced as SDPA (its flash backend on CUDA).")
-    if recipe.batch.grad_accum > 1:
-        notes.append(f"grad_accum={recipe.batch.grad_accum}: one micro-batch per step is run; "
-                     "accumulating keeps the same peak once gradients exist.")
     if p:
         raise TraceError(str(ConfigError(p.items)))
     return tuple(notes)
@@ -146,7 +143,8 @@ def _hf_model(config: dict[str, Any], recipe: Recipe, where: str) -> Any:
     except (ValueError, KeyError) as e:
         raise ModelConfigError(f"{where}: transformers cannot build a config for model_type "
                                f"{model_type!r} ({e}).") from None
-    cfg.use_cache = False
+    # the HF Trainer's default (TrainingArguments.use_cache=False), unless the loop says
+    cfg.use_cache = recipe.loop.use_cache and recipe.checkpointing.kind == "none"
     archs = [a for a in (data.get("architectures") or []) if hasattr(transformers, a)]
     cls = getattr(transformers, archs[0]) if archs else None
     if cls is None:
@@ -394,4 +392,5 @@ def build_workload(built: Built, recipe: Recipe) -> Workload:
                     loss_fn=None if hf else _generic_loss, info=info, notes=built.notes,
                     loop=dict(outputs_kept=recipe.loop.outputs == "kept",
                               zero_grad_at=str(recipe.loop.zero_grad),
-                              set_to_none=recipe.loop.set_to_none))
+                              set_to_none=recipe.loop.set_to_none,
+                              grad_accum=recipe.batch.grad_accum))

@@ -77,6 +77,20 @@ def cpu_checkpoint_bytes(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtyp
                                  recipe.parallelism.tp, inflight)
 
 
+def accumulates(recipe: Recipe) -> bool:
+    """Whether the backward adds into gradients that already exist: torch's ``AccumulateGrad``
+    (torch/csrc/autograd/functions/accumulate_grad.h, ``accumulateGrad``) steals the computed
+    gradient when ``.grad`` is None and otherwise adds it in place (``variable_grad +=
+    new_grad``), so the computed gradient is a temporary. That happens in every micro-batch
+    but the first under gradient accumulation, and in every step under
+    ``zero_grad(set_to_none=False)``. Only where torch.optim's parameters own their ``.grad``
+    (no ZeRO sharding, no pipeline engine): DeepSpeed, FSDP and Megatron keep their own
+    gradient buffers."""
+    par = recipe.parallelism
+    return ((recipe.batch.grad_accum > 1 or not recipe.loop.set_to_none)
+            and par.zero == 0 and par.pp == 1 and str(recipe.engine_kind) == "ddp")
+
+
 def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
                  memo: dict[object, object] | None = None) -> tuple[list[Point], int]:
     """Points of one micro-batch through ``stage``; and the parameter-gradient bytes the
@@ -86,14 +100,16 @@ def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
     recipes of one model); results are stored under exactly the arguments the graph is built
     from, so a hit returns what the simulation would (the points are shared: read only)."""
     ctx, args = _graph_args(spec, stage, recipe, dt)
+    acc = accumulates(recipe)
     if memo is None:
         g = stage_graph(spec, stage.layers, ctx, **args)  # type: ignore[arg-type]
+        g.accumulate = acc
         return simulate(g), g.param_grad_bytes
     if not args["last"]:
         ctx = replace(ctx, loss="standard")  # read by the last stage's loss only (families.py)
-    key = ("stage_points", stage.layers, ctx, *args.values())
+    key = ("stage_points", stage.layers, ctx, acc, *args.values())
     if key not in memo:
-        memo[key] = _composed(spec, stage.layers, ctx, args, memo)
+        memo[key] = _composed(spec, stage.layers, ctx, args, memo, acc)
     return memo[key]  # type: ignore[return-value]
 
 
@@ -138,7 +154,7 @@ def stage_traffic(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
 
 
 def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
-              memo: dict[object, object]) -> tuple[list[Point], int]:
+              memo: dict[object, object], acc: bool) -> tuple[list[Point], int]:
     """``simulate`` of the stage, from three short simulations (``compose.py``) when its layers
     are identical, else of the whole stage."""
     sig = signatures(spec, memo)
@@ -148,9 +164,10 @@ def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
             and len({sig[i] for i in layers}) == 1:
 
         def short(n: int) -> tuple[list[Point], int]:
-            k = ("short", sig[start], n, ctx, *args.values())
+            k = ("short", sig[start], n, ctx, acc, *args.values())
             if k not in memo:
                 g = stage_graph(spec, range(start, start + n), ctx, **args)  # type: ignore[arg-type]
+                g.accumulate = acc
                 pts = [Point(p.phase, _relabel(p.region, start), p.saved, p.temp, p.grads)
                        for p in simulate(g)]
                 memo[k] = pts, g.param_grad_bytes
@@ -160,6 +177,7 @@ def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
         if out is not None:
             return out
     g = stage_graph(spec, layers, ctx, **args)  # type: ignore[arg-type]
+    g.accumulate = acc
     return simulate(g), g.param_grad_bytes
 
 

@@ -104,6 +104,9 @@ class Graph:
     save_attention: bool = True
     """Per-op policy: fused attention is in the save list (CUDA's flash / efficient kernels;
     CPU's flash kernel is not in torchtitan's list)."""
+    accumulate: bool = False
+    """Parameter gradients are added into an existing ``.grad`` (``activations.accumulates``):
+    each computed gradient (and its cast) is a temporary at its op."""
     _groups: int = 0
     _sac: bool = False
     _mm: int = 0
@@ -248,6 +251,7 @@ def simulate(graph: Graph) -> list[Point]:
                     remaining[id(t)] = remaining.get(id(t), 0) + 1
             _recompute(group_ops[op.group], st, remaining)
         flowing = op is last or any(id(t) in grad_of for t in op.outputs)
+        cast = 0
         if flowing:
             extra = 0
             for t in op.grad_inputs:
@@ -258,7 +262,10 @@ def simulate(graph: Graph) -> list[Point]:
                     grad_of[id(t)] = g
                     st.alloc(g, "temp")
             for b, b32 in op.param_grads:
-                extra += b if b32 else 0
+                extra += b if b32 or graph.accumulate else 0
+                # accumulating, the cast (a node of its own) runs after this op has freed its
+                # saves: the 16-bit gradient and its fp32 copy, until AccumulateGrad adds it
+                cast += b + b32 if b32 and graph.accumulate else 0
                 st.grads += b32 or b
             st.mark("backward", op.region, extra)
         for t in op.outputs:
@@ -276,6 +283,8 @@ def simulate(graph: Graph) -> list[Point]:
                 remaining[id(t)] = remaining.get(id(t), 1) - 1
                 if remaining[id(t)] <= 0:
                     st.free(t)
+        if cast:
+            st.mark("backward", op.region, cast)
     return [st.points[k] for k in st.order]
 
 
