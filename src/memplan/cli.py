@@ -21,6 +21,7 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Will this training run fit? Per-GPU memory of LLM training, before a GPU-hour is spent.",
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 def _host_memory_bytes() -> int:
@@ -71,7 +72,7 @@ def estimate(
     flags: dict[str, Any] | None = None,
 ) -> None:
     """Estimate per-GPU memory, host RAM, NVMe and step time of one training configuration.
-    More host knobs (dataset, checkpoint format, pinning) go in the recipe's host table (\\[host] in TOML)."""
+    More host knobs (dataset, checkpoint format, pinning) go in the recipe's host table ([host] in TOML)."""
     _check_format(format)
     host_flags = {k: v for k, v in dict(load=load, workers=workers, prefetch=prefetch).items()
                   if v is not None}
