@@ -28,6 +28,21 @@ app = typer.Typer(
 Opt = typer.Option
 
 
+def _version(value: bool) -> None:
+    if value:
+        import memplan  # the package's __version__ (pyproject's version)
+
+        typer.echo(f"memplan {memplan.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, Opt("--version", callback=_version, is_eager=True,
+                                       help="Print memplan's version and exit.")] = False,
+          ) -> None:
+    """Will this training run fit? Per-GPU memory of LLM training, before a GPU-hour is spent."""
+
+
 @app.command()
 @recipe_options
 def estimate(
@@ -49,6 +64,8 @@ def estimate(
     workers: Annotated[int | None, host_option("workers")] = None,
     prefetch: Annotated[int | None, host_option("prefetch")] = None,
     format: Annotated[str, Opt("--format", help="table | json.")] = "table",
+    quiet: Annotated[bool, Opt("--quiet", "-q", help="Print only the one-line verdict (GPU, "
+                                                    "host RAM, NVMe, tokens/s).")] = False,
     calibration: Annotated[Path | None, Opt(help="Rates from `memplan calibrate --out`.")] = None,
     hardware: Annotated[Path | None, Opt(help=HW_HELP["hardware"])] = None,
     gpu_memory: Annotated[str | None, Opt(help=HW_HELP["gpu_memory"])] = None,
@@ -58,6 +75,8 @@ def estimate(
     """Estimate per-GPU memory, host RAM, NVMe and step time of one training configuration.
     More host knobs (dataset, checkpoint format, pinning) go in the recipe's host table ([host] in TOML)."""
     _check_format(format)
+    if quiet and format == "json":
+        _fail("--quiet prints one line of text, --format json a document: give one of them.")
     host_flags = {k: v for k, v in dict(load=load, workers=workers, prefetch=prefetch).items()
                   if v is not None}
 
@@ -74,12 +93,16 @@ def estimate(
         cal = load_calibration(calibration) if calibration else None
         return api.estimate_from_names(model, job, machine, setup, calibration=cal)
 
-    _show(_guard(run), format)
+    _show(_guard(run), format, quiet)
 
 
-def _show(result: Any, format: str) -> None:
+def _show(result: Any, format: str, quiet: bool = False) -> None:
     if format == "json":
         _emit_json(result.to_dict())
+    elif quiet:
+        from .report.summary import summary_line
+
+        typer.echo(summary_line(result))
     else:
         from rich.console import Console
 
