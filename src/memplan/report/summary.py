@@ -20,7 +20,8 @@ def summary_line(b: Breakdown) -> str:
     NVMe fits; 2,949 tokens/s``."""
     w = b.worst
     gpus = b.recipe.get("gpus", 1)
-    parts = [f"GPU {_word(b.fits)} ({fmt_bytes(w.device_total_bytes)} of "
+    where = "memory" if b.recipe.get("device") == "cpu" else "GPU"
+    parts = [f"{where} {_word(b.fits)} ({fmt_bytes(w.device_total_bytes)} of "
              f"{fmt_bytes(b.capacity_bytes)})"]
     h = b.host
     if h is not None:
