@@ -29,9 +29,8 @@ __all__ = ["estimate_host", "optimizer_state_bytes_per_element", "RULE_OF_THUMB"
 
 RULE_OF_THUMB = ("the rule of thumb 'host RAM = 3-5x GPU memory' has no measurement behind it; "
                  "shipped 8-GPU nodes have 1.0x (8x MI300X, MLCommons inference v4.1) to about 4x "
-                 "(AWS p3.16xlarge: 488 GiB for 8x 16 GB, torchx named_resources_aws.py) of their GPU "
-                 "memory; see "
-                 "`memplan nodes`")
+                 "(AWS p3.16xlarge: 488 GiB for 8x 16 GB, torchx named_resources_aws.py) of their "
+                 "GPU memory; see `memplan nodes`")
 
 STEADY = ("steady step", "checkpoint save")
 
