@@ -46,7 +46,8 @@ def _config(tmp_path: Path, base: str, **changes) -> str:
 @pytest.mark.parametrize("value", ["nan", "inf", "1e308"])
 def test_moe_capacity_factor_not_finite_or_huge(value):
     _refused("estimate", MIXTRAL, "--moe-capacity-factor", value,
-             says=("moe_capacity_factor=", "from 0 to 1024"))
+             says=("moe_capacity_factor=", "from 0 to 1024",
+                   "Fix: give --moe-capacity-factor (moe_capacity_factor in a recipe file) a value"))
 
 
 @pytest.mark.parametrize("key,value,says", [

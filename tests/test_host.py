@@ -161,22 +161,3 @@ def test_cli_bad_load_exits_2_without_traceback():
 def test_cpu_device_runs_have_no_host_plan():
     b = estimate(load_model("Qwen/Qwen2.5-0.5B"), Recipe.of(device="cpu"), get_device("H100-80GB"))
     assert b.host is None and "host" not in b.to_dict()
-
-
-def test_host_verdict_names_the_load_modes_that_fit():
-    """Issue #15 section 4: 70B ZeRO-3 with optimizer offload on a DGX-H100 does not fit with
-    --load full (every local rank materialises the model), and the note names the modes that
-    do, with their peaks."""
-    from memplan.api import Machine, estimate_from_names
-    from memplan.recipe import Recipe
-    from memplan.host import HostSetup
-
-    r = Recipe.of(gpus=8, zero=3, offload="optimizer")
-    b = estimate_from_names("meta-llama/Llama-3.1-70B", r, Machine(node="DGX-H100"),
-                            HostSetup(load="full"))
-    assert b.host.fits is False and b.host.peak_moment == "load"
-    note = next(n for n in b.host.notes if n.startswith("loading the model overflows"))
-    assert "--load sharded" in note and "--load meta" in note
-    ok = estimate_from_names("meta-llama/Llama-3.1-70B", r, Machine(node="DGX-H100"),
-                             HostSetup(load="sharded"))
-    assert ok.host.fits and not any(n.startswith("loading the model") for n in ok.host.notes)

@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("report", "export"),  # export: recipe -> engine configs and back
     ("validate",),  # validate --nproc configures its runs from export's files (issue #14 item 4)
     ("api", "cli_options"),
-    ("web", "cli_calibrate", "cli_export", "cli_validate_dist", "cli_plan", "cli_measure"),  # memplan serve: the page over api and report (issue #16)
+    ("web", "cli_calibrate", "cli_export", "cli_validate_dist", "cli_plan", "cli_measure", "cli_trace"),  # memplan serve: the page over api and report (issue #16)
     ("cli", "__init__"),
     ("__main__",),
 )
@@ -48,7 +48,7 @@ ALLOWED: dict[tuple[str, str], str] = {
 NO_TORCH_AT_IMPORT = ("errors", "units", "results", "facts", "model", "hardware", "recipe",
                       "breakdown", "estimate", "host", "timing", "system", "report", "api",
                       "cli_options", "cli", "web", "custom_hardware", "cli_calibrate",
-                      "export", "cli_export", "plan", "cli_plan", "cli_validate_dist", "cli_measure")
+                      "export", "cli_export", "plan", "cli_plan", "cli_validate_dist", "cli_measure", "cli_trace")
 """Packages that must not import torch at module level (``memplan estimate`` starts fast)."""
 
 MAX_LINES = 420

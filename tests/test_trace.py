@@ -119,32 +119,3 @@ def test_adafactor_is_refused_by_the_tracer_only():
     real = measure_recipe(QUICK[0].model, Recipe.of(device="cpu", optimizer="adafactor",
                                                  precision="32-true", seq_len=16), CPU)
     assert real.worst.peak_allocated_bytes > 0
-
-
-def test_trace_default_device_falls_back_to_cpu_kernels_on_a_cpu_torch(tmp_path):
-    """Issue #15 section 4: ``trace`` defaults to device=cuda; on the CPU wheel it traces with
-    CPU kernels and says so (stderr, and the model notes of the JSON); an explicit --device
-    cuda is still refused with the fix."""
-    import json
-
-    import torch
-    from typer.testing import CliRunner
-
-    from memplan.cli import app
-
-    if torch.backends.cuda.is_built():
-        pytest.skip("this torch has a CUDA build: the default device traces as is")
-    cfg = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
-           "vocab_size": 128, "max_position_embeddings": 64}
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    runner = CliRunner()
-    r = runner.invoke(app, ["trace", str(tmp_path / "config.json"), "--seq-len", "32",
-                            "--format", "json"])
-    assert r.exit_code == 0, r.output
-    out = json.loads(r.stdout)
-    assert out["recipe"]["device"] == "cpu"
-    assert any("has no CUDA build" in n for n in out["model"]["notes"])
-    assert "note: torch" in r.stderr
-    r = runner.invoke(app, ["trace", str(tmp_path / "config.json"), "--device", "cuda"])
-    assert r.exit_code == 2 and "CUDA build of torch" in r.output

@@ -143,12 +143,23 @@ def _transformers_knows(model_type: str) -> bool:
 
 
 def trace_from_names(model: str, recipe: Recipe, gpu: str = "H100-80GB",
-                     host_memory_bytes: int = 0) -> Breakdown:
-    """Like ``estimate_from_names`` but traced (``memplan.trace``; needs torch)."""
-    from .trace import trace
+                     host_memory_bytes: int = 0, *,
+                     cpu_kernels_without_cuda: bool = False) -> Breakdown:
+    """Like ``estimate_from_names`` but traced (``memplan.trace``; needs torch).
+    ``cpu_kernels_without_cuda``: on a torch built without CUDA, trace a ``device=cuda`` recipe
+    with CPU kernels (noted in the result) instead of refusing it; still reported on ``gpu``."""
+    from dataclasses import replace
 
-    cpu = recipe.platform.device == "cpu"
-    return trace(model, recipe, cpu_device(host_memory_bytes) if cpu else get_device(gpu))
+    from . import trace as tracing
+
+    note = None
+    if cpu_kernels_without_cuda:
+        recipe, note = tracing.cpu_kernels_without_cuda(recipe)
+    on_cpu = recipe.platform.device == "cpu" and note is None
+    b = tracing.trace(model, recipe, cpu_device(host_memory_bytes) if on_cpu else get_device(gpu))
+    if note:
+        b = replace(b, model=replace(b.model, notes=tuple(b.model.notes or ()) + (note,)))
+    return b
 
 
 def catalog_rows(search_text: str = "", *, family: str | None = None,

@@ -6,14 +6,14 @@ Every subcommand catches ``MemplanError``, prints ``Error: <message>`` and exits
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from .cli_options import FROM_HELP, host_option, recipe_options
+from .cli_options import FROM_HELP, HW_HELP, MODEL_HELP, host_option, recipe_options
+from .cli_options import host_memory_bytes, need_torch, progress, quiet_transformers
+from .cli_options import stderr_console
 from .cli_options import check_format as _check_format, emit_json as _emit_json
 from .cli_options import fail as _fail, guard as _guard
 
@@ -22,45 +22,31 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Will this training run fit? Per-GPU memory of LLM training, before a GPU-hour is spent.",
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
-
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"memplan {sys.modules[__package__].__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                               help="Print memplan's version and exit.")] = False,
-          ) -> None:
-    """Will this training run fit? Per-GPU memory of LLM training, before a GPU-hour is spent."""
-
-
-def _host_memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
-
 
 Opt = typer.Option
 
 
-_HW_HELP = {
-    "hardware": "TOML of extra [[device]] / [[node]] rows (the schema of the built-in "
-                "devices.toml / nodes.toml), usable by name in --gpu / --node.",
-    "gpu_memory": "Override the GPU's memory, e.g. 96GB or 94GiB (the rest of --gpu stays).",
-    "gpu_set": "Override one field of --gpu, e.g. hbm_gb_per_s=3900 or tflops_bf16=989 "
-               "(repeatable).",
-}
-_MODEL_HELP = ("HF id from the catalog (see `memplan models`), a config.json / model dir, or "
-               "package.module:function.")
+def _version(value: bool) -> None:
+    if value:
+        import memplan  # the package's __version__ (pyproject's version)
+
+        typer.echo(f"memplan {memplan.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, Opt("--version", callback=_version, is_eager=True,
+                                       help="Print memplan's version and exit.")] = False,
+          ) -> None:
+    """Will this training run fit? Per-GPU memory of LLM training, before a GPU-hour is spent."""
+
 
 @app.command()
 @recipe_options
 def estimate(
-    model: Annotated[str, typer.Argument(help=_MODEL_HELP)],
+    model: Annotated[str, typer.Argument(help=MODEL_HELP)],
     gpu: Annotated[str | None, Opt(help="GPU name from `memplan gpus`, e.g. H100-80GB. "
                                         "(default: the --node's GPU, else H100-80GB)")] = None,
     recipe: Annotated[Path | None, Opt(help="Recipe TOML or JSON with the same names "
@@ -78,15 +64,19 @@ def estimate(
     workers: Annotated[int | None, host_option("workers")] = None,
     prefetch: Annotated[int | None, host_option("prefetch")] = None,
     format: Annotated[str, Opt("--format", help="table | json.")] = "table",
+    quiet: Annotated[bool, Opt("--quiet", "-q", help="Print only the one-line verdict (GPU, "
+                                                    "host RAM, NVMe, tokens/s).")] = False,
     calibration: Annotated[Path | None, Opt(help="Rates from `memplan calibrate --out`.")] = None,
-    hardware: Annotated[Path | None, Opt(help=_HW_HELP["hardware"])] = None,
-    gpu_memory: Annotated[str | None, Opt(help=_HW_HELP["gpu_memory"])] = None,
-    gpu_set: Annotated[list[str] | None, Opt(help=_HW_HELP["gpu_set"])] = None,
+    hardware: Annotated[Path | None, Opt(help=HW_HELP["hardware"])] = None,
+    gpu_memory: Annotated[str | None, Opt(help=HW_HELP["gpu_memory"])] = None,
+    gpu_set: Annotated[list[str] | None, Opt(help=HW_HELP["gpu_set"])] = None,
     flags: dict[str, Any] | None = None,
 ) -> None:
     """Estimate per-GPU memory, host RAM, NVMe and step time of one training configuration.
-    More host knobs (dataset, checkpoint format, pinning) go in the recipe's host table (\\[host] in TOML)."""
+    More host knobs (dataset, checkpoint format, pinning) go in the recipe's host table ([host] in TOML)."""
     _check_format(format)
+    if quiet and format == "json":
+        _fail("--quiet prints one line of text, --format json a document: give one of them.")
     host_flags = {k: v for k, v in dict(load=load, workers=workers, prefetch=prefetch).items()
                   if v is not None}
 
@@ -99,127 +89,26 @@ def estimate(
                                                  gpu_set=gpu_set, node=node)
         job, setup = api.load_job(recipe, flags, host_flags, engine_file=from_file, model=model)
         machine = api.Machine(gpu=name, node=node_name, host_ram=host_ram, nvme=nvme, pcie=pcie,
-                              host_memory_bytes=_host_memory_bytes())
+                              host_memory_bytes=host_memory_bytes())
         cal = load_calibration(calibration) if calibration else None
         return api.estimate_from_names(model, job, machine, setup, calibration=cal)
 
-    _show(_guard(run), format)
+    _show(_guard(run), format, quiet)
 
 
-def _show(result: Any, format: str) -> None:
+def _show(result: Any, format: str, quiet: bool = False) -> None:
     if format == "json":
         _emit_json(result.to_dict())
+    elif quiet:
+        from .report.summary import summary_line
+
+        typer.echo(summary_line(result))
     else:
         from rich.console import Console
 
         from .report import render_breakdown
 
         Console().print(render_breakdown(result))
-
-
-def _quiet_transformers() -> None:
-    """transformers logs config warnings and deprecation notices (``gradient_checkpointing_*``
-    in 5.x) on stderr; the CLI shows only its own output."""
-    import warnings
-
-    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
-    try:
-        import transformers
-
-        transformers.logging.set_verbosity_error()
-    except ImportError:
-        pass
-
-
-@app.command()
-@recipe_options
-def trace(
-    model: Annotated[str, typer.Argument(help=_MODEL_HELP)],
-    gpu: Annotated[str, Opt(help="GPU name from `memplan gpus` (reported with --device cuda)."
-                            )] = "H100-80GB",
-    recipe: Annotated[Path | None, Opt(help="Recipe TOML or JSON with the same names "
-                                            "(underscores); flags given here override it.")] = None,
-    modules: Annotated[int, Opt(help="Rows of the per-module table at the peak (0: none).")] = 12,
-    format: Annotated[str, Opt("--format", help="table | json.")] = "table",
-    hardware: Annotated[Path | None, Opt(help=_HW_HELP["hardware"])] = None,
-    gpu_memory: Annotated[str | None, Opt(help=_HW_HELP["gpu_memory"])] = None,
-    gpu_set: Annotated[list[str] | None, Opt(help=_HW_HELP["gpu_set"])] = None,
-    flags: dict[str, Any] | None = None,
-) -> None:
-    """Run the real model code for two training steps under fake tensors (no memory used) and
-    count every storage: the same result as `estimate`, plus which module holds what."""
-    _check_format(format)
-    if modules < 0:
-        _fail(f"--modules={modules} must be a whole number >= 0 (rows of the per-module table; "
-              "0 shows none).")
-
-    def run() -> Any:
-        from . import api
-
-        _need_torch("trace")
-        _quiet_transformers()
-        from .custom_hardware import apply_hardware_options
-
-        name, _ = apply_hardware_options(gpu, hardware=hardware, gpu_memory=gpu_memory,
-                                         gpu_set=gpu_set)
-        job = api.load_recipe(recipe, flags)
-        note = _cpu_fallback(job, flags, recipe)
-        if note:
-            job = job.with_keys(device="cpu", attention="sdpa" if job.platform.attention ==
-                                "flash" else str(job.platform.attention))
-            typer.echo(f"note: {note}", err=True)
-        result = api.trace_from_names(model, job, name or gpu, _host_memory_bytes())
-        if note:
-            from dataclasses import replace
-
-            result = replace(result, model=replace(result.model, notes=tuple(
-                result.model.notes or ()) + (note,)))
-        return result
-
-    result = _guard(run, stdout_to_stderr=True)
-    if format == "json":
-        from .runtime.steps import module_table
-
-        _emit_json({**result.to_dict(), "modules_at_peak": module_table(result.worst.peak_moment)})
-        return
-    from rich.console import Console
-
-    from .report import render_breakdown
-    from .report.measured import by_category, render_modules
-
-    console = Console()
-    console.print(render_breakdown(by_category(result)))
-    if modules:
-        console.print(render_modules(result.worst.peak_moment, limit=modules))
-
-
-def _cpu_fallback(job: Any, flags: dict[str, Any] | None, recipe: Path | None) -> str | None:
-    """Why ``trace`` runs CPU kernels instead of the default ``device = cuda`` (None: it does
-    not): fake CUDA tensors need a CUDA build of torch, and the README's install is the CPU
-    wheel. A device the user chose (flag or recipe file) is kept, and refused with the fix."""
-    import torch
-
-    if job.platform.device != "cuda" or torch.backends.cuda.is_built():
-        return None
-    from .recipe import read_recipe_file
-
-    if "device" in (flags or {}) or (recipe is not None and "device" in read_recipe_file(recipe)):
-        return None
-    return (f"torch {torch.__version__} has no CUDA build, so the trace runs CPU kernels "
-            "(device=cpu; flash attention as sdpa): attention and optimizer temporaries follow "
-            "the CPU kernels. Install a CUDA wheel of torch and pass --device cuda for CUDA "
-            "kernels (no GPU needed).")
-
-
-def _need_torch(what: str) -> None:
-    import importlib.util
-
-    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
-    if missing:
-        from .errors import MemplanError
-
-        raise MemplanError(f"`memplan {what}` runs real model code and needs "
-                           f"{' and '.join(missing)}: pip install 'memplan[hf]'.")
 
 
 @app.command()
@@ -311,13 +200,14 @@ def validate(
     from rich.progress import Progress
 
     def run() -> Any:
-        _need_torch("validate")
-        _quiet_transformers()
-        from .validate import cases as list_cases
-        from .validate import validate as run_all
+        need_torch("validate")
+        with progress("validate: importing torch and transformers"):
+            quiet_transformers()
+            from .validate import cases as list_cases
+            from .validate import validate as run_all
 
-        total = len(list_cases(quick=quick, device=device, table=cases))
-        with Progress(console=Console(stderr=True), transient=True) as bar:
+            total = len(list_cases(quick=quick, device=device, table=cases))
+        with Progress(console=stderr_console(), transient=True) as bar:
             task = bar.add_task("validating", total=total)
             return run_all(device=device, quick=quick, table=cases,
                            on_case=lambda r: bar.update(task, advance=1,
@@ -374,8 +264,10 @@ def serve(
 from .cli_calibrate import calibrate_command  # noqa: E402  (issue #19)
 from .cli_export import export_command  # noqa: E402  (issue #14)
 from .cli_measure import measure_command  # noqa: E402  (issue #18)
+from .cli_trace import trace_command  # noqa: E402  (issue #15)
 app.command("calibrate")(calibrate_command)
 app.command("export")(export_command)
+app.command("trace")(trace_command)
 app.command("measure", context_settings={"allow_extra_args": True,
                                          "ignore_unknown_options": True})(measure_command)
 from .cli_plan import register as _register_plan; _register_plan(app)  # noqa: E402,E702  (issue #13)

@@ -9,11 +9,12 @@ the flags that were set, as a dict of recipe keys.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -21,7 +22,8 @@ import typer
 from .errors import MemplanError
 from .recipe.describe import FieldInfo, describe_dataclass, describe_fields
 
-__all__ = ["recipe_options", "option_help", "host_option", "FROM_HELP"]
+__all__ = ["recipe_options", "option_help", "host_option", "FROM_HELP", "MODEL_HELP", "HW_HELP",
+           "progress", "need_torch", "quiet_transformers", "host_memory_bytes"]
 
 _TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool, "list": str}
 
@@ -43,6 +45,18 @@ def option_help(info: FieldInfo) -> str:
 FROM_HELP = ("An engine's config read into the recipe (ds_config JSON, accelerate YAML, HF "
              "TrainingArguments JSON, torchtitan TOML, Lightning/Megatron JSON from `memplan "
              "export`, torchrun script); flags given here override it.")
+
+
+MODEL_HELP = ("HF id from the catalog (see `memplan models`), a config.json / model dir, or "
+              "package.module:function.")
+
+HW_HELP = {
+    "hardware": "TOML of extra [[device]] / [[node]] rows (the schema of the built-in "
+                "devices.toml / nodes.toml), usable by name in --gpu / --node.",
+    "gpu_memory": "Override the GPU's memory, e.g. 96GB or 94GiB (the rest of --gpu stays).",
+    "gpu_set": "Override one field of --gpu, e.g. hbm_gb_per_s=3900 or tflops_bf16=989 "
+               "(repeatable).",
+}
 
 
 def _parameter(info: FieldInfo, name: str | None = None) -> inspect.Parameter:
@@ -133,3 +147,57 @@ def check_format(fmt: str) -> None:
 def emit_json(data: Any) -> None:
     """One JSON document on stdout (indented)."""
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def host_memory_bytes() -> int:
+    """This machine's physical memory (0 when the OS does not say)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def need_torch(what: str) -> None:
+    """Raise the one-line install hint when torch or transformers is missing."""
+    import importlib.util
+
+    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise MemplanError(f"`memplan {what}` runs real model code and needs "
+                           f"{' and '.join(missing)}: pip install 'memplan[hf]'.")
+
+
+def quiet_transformers() -> None:
+    """transformers logs config warnings and deprecation notices (``gradient_checkpointing_*``
+    in 5.x) on stderr; the CLI shows only its own output."""
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
+    try:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+    except ImportError:
+        pass
+
+
+def stderr_console() -> Any:
+    """The console progress is drawn on (stderr; a test replaces it)."""
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+@contextlib.contextmanager
+def progress(text: str) -> Iterator[Any]:
+    """A spinner with ``text`` on stderr while a slow step runs (importing torch, tracing), only
+    when stderr is a terminal: piped or captured output, and stdout's JSON, stay clean. Yields
+    a function that changes the text (a no-op off a terminal)."""
+    console = stderr_console()
+    if not console.is_terminal:
+        yield lambda _text: None
+        return
+    with console.status(text) as status:
+        yield lambda new: status.update(new)

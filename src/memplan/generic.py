@@ -29,7 +29,7 @@ def generic_estimate(model_ref: str, model_type: str, recipe: Recipe, device: De
         ConfigError: torch/transformers missing, or a recipe one traced rank cannot run.
     """
     try:
-        import torch
+        import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError:
         raise ConfigError([
@@ -39,15 +39,10 @@ def generic_estimate(model_ref: str, model_type: str, recipe: Recipe, device: De
             "memplan does not substitute another family's graph."]) from None
     from .trace import trace
 
-    notes = []
-    if recipe.platform.device == "cuda" and not torch.backends.cuda.is_built():
-        # fake CUDA tensors need a CUDA build of torch: trace with CPU kernels, report the GPU
-        recipe = recipe.with_keys(device="cpu",
-                                  attention="sdpa" if recipe.platform.attention == "flash"
-                                  else recipe.platform.attention)
-        notes.append(f"traced with CPU kernels (torch {torch.__version__} has no CUDA build): "
-                     "attention and optimizer temporaries follow the CPU kernels, and the CUDA "
-                     "context, cuBLAS workspaces and allocator slack are not included")
+    from .trace import cpu_kernels_without_cuda
+
+    recipe, note = cpu_kernels_without_cuda(recipe)
+    notes = [note] if note else []
     try:
         b = trace(model_ref, recipe, device)
     except TraceError as e:

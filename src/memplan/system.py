@@ -12,6 +12,7 @@ from .estimate.layout import layout
 from .facts import dtypes
 from .hardware import Device
 from .host import HostSetup, NodeHardware, estimate_host
+from .recipe.host import LOAD_MODES
 from .model.spec import ModelSpec
 from .recipe import Recipe
 from .results import Traffic
@@ -47,6 +48,12 @@ def with_host_and_time(b: Breakdown, model: ModelSpec, recipe: Recipe, device: D
         return b
     setup = setup or HostSetup()
     host, nvme = estimate_host(b, model, recipe, hw, setup)
+    if host.fits is False:
+        # name the fix: the same job with each model-loading mode that needs less host RAM
+        cheaper = sorted((peak, mode) for mode in LOAD_MODES if mode != setup.load
+                         if (peak := estimate_host(b, model, recipe, hw, replace(
+                             setup, load=mode))[0].per_node_peak_bytes) < host.per_node_peak_bytes)
+        host = replace(host, other_loads=tuple((mode, peak) for peak, mode in cheaper))
     trainable = b.model.trainable_params
     time = estimate_time(model, recipe, device, hw, setup, trainable, calibration,
                          rank_traffic(model, recipe, memo))

@@ -13,7 +13,6 @@ GPU estimator's items; page cache of memory-mapped data is not counted (reclaima
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 from ..breakdown import Breakdown, Pool
 from ..facts import dtypes, optimizer_facts
@@ -23,13 +22,15 @@ from ..model.spec import ModelSpec
 from ..recipe import Recipe
 from ..recipe.host import HostSetup
 from ..results import HostEstimate, HostLine, NvmeEstimate
-from ..units import dtype_bytes, fmt_bytes
+from ..units import dtype_bytes
 from . import categories as c
 
 __all__ = ["estimate_host", "optimizer_state_bytes_per_element", "RULE_OF_THUMB"]
 
-RULE_OF_THUMB = ("no measurement behind the rule of thumb 'host RAM = 3-5x GPU memory' was "
-                 "found; shipped 8-GPU nodes have 1.0-4.0x (memplan nodes, each with its source)")
+RULE_OF_THUMB = ("the rule of thumb 'host RAM = 3-5x GPU memory' has no measurement behind it; "
+                 "shipped 8-GPU nodes have 1.0x (8x MI300X, MLCommons inference v4.1) to about 4x "
+                 "(AWS p3.16xlarge: 488 GiB for 8x 16 GB, torchx named_resources_aws.py) of their "
+                 "GPU memory; see `memplan nodes`")
 
 STEADY = ("steady step", "checkpoint save")
 
@@ -136,25 +137,7 @@ def estimate_host(b: Breakdown, model: ModelSpec, recipe: Recipe, hw: NodeHardwa
     host = HostEstimate(node=hw.name, local_ranks=local, nodes=nodes, lines=tuple(lines),
                         capacity_bytes=hw.host_ram_bytes,
                         gpu_memory_per_node_bytes=local * b.capacity_bytes, notes=tuple(notes))
-    if host.fits is False and host.peak_moment == "load" and setup.load in ("full", "rank0"):
-        host = replace(host, notes=host.notes + _cheaper_load(b, model, recipe, hw, setup))
     return host, _nvme(b, recipe, hw, setup, local, state)
-
-
-def _cheaper_load(b: Breakdown, model: ModelSpec, recipe: Recipe, hw: NodeHardware,
-                  setup: HostSetup) -> tuple[str, ...]:
-    """When loading the model is what overflows: the load modes that fit, with their peaks."""
-    out = []
-    for mode in ("rank0", "sharded", "meta"):
-        if mode == setup.load:
-            continue
-        other = estimate_host(b, model, recipe, hw, replace(setup, load=mode))[0]
-        if other.fits:
-            out.append(f"--load {mode} ({fmt_bytes(other.per_node_peak_bytes)} peak)")
-    if not out:
-        return ()
-    return (f"loading the model overflows host RAM with --load {setup.load}; it fits with "
-            + ", ".join(out[:-1]) + (" or " if len(out) > 1 else "") + out[-1],)
 
 
 def _nvme(b: Breakdown, recipe: Recipe, hw: NodeHardware, setup: HostSetup, local: int,

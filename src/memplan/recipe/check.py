@@ -39,7 +39,7 @@ def part_problems(part: Any) -> list[str]:
         key = field_key(f)
         value = getattr(part, f.name)
         kind = hints[f.name]
-        new = _check(p, key, kind, value, f.metadata)
+        new = _check(p, key, kind, value, {**f.metadata, "default": f.default})
         if new is not value:
             object.__setattr__(part, f.name, new)
     return list(p.items)
@@ -70,19 +70,28 @@ def _check(p: Problems, key: str, kind: Any, value: Any, meta: Any) -> Any:
         ok = isinstance(value, int) or (kind is float and isinstance(value, float))
         if not ok or isinstance(value, bool):
             what = "a whole number" if kind is int else "a number"
-            p.add(f"{key}={value!r} must be {what}{_bounds_text(meta)}.")
+            p.add(f"{key}={value!r} must be {what}{_bounds_text(meta)}.{_fix(key, meta)}")
             return value
         if isinstance(value, float) and not math.isfinite(value):
-            p.add(f"{key}={value!r} must be a finite number{_bounds_text(meta)}.")
+            p.add(f"{key}={value!r} must be a finite number{_bounds_text(meta)}."
+                  f"{_fix(key, meta)}")
             return value
         lo, hi = meta.get("min"), meta.get("max")
         if (lo is not None and value < lo) or (hi is not None and value > hi):
             what = "a whole number" if kind is int else "a number"
-            p.add(f"{key}={value!r} must be {what}{_bounds_text(meta)}.")
+            p.add(f"{key}={value!r} must be {what}{_bounds_text(meta)}.{_fix(key, meta)}")
         return value
     if typing.get_origin(kind) is tuple:
         return _check_names(p, key, value, meta.get("choices"), may_be_empty=meta.get("empty", False))
     raise AssertionError(f"recipe field {key} has an unsupported type {kind!r}")
+
+
+def _fix(key: str, meta: Any) -> str:
+    """' Fix: give --key (key in a recipe file) a value in range; the default is D.'"""
+    default = meta.get("default")
+    known = isinstance(default, (int, float)) and not isinstance(default, bool)
+    return (f" Fix: give --{key.replace('_', '-')} ({key} in a recipe file) a value in that "
+            "range" + (f"; the default is {default}." if known else "."))
 
 
 def _bounds_text(meta: Any) -> str:

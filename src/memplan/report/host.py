@@ -17,13 +17,26 @@ __all__ = ["host_sections"]
 _SHORT = {"load": "load", "steady step": "step", "checkpoint save": "save"}
 
 
-def _verdict(fits: bool | None, need: int, capacity: int | None) -> Text:
+def _verdict(fits: bool | None, need: int, capacity: int | None,
+             other_loads: tuple[tuple[str, int], ...] = ()) -> Text:
     if fits is None:
         return Text("unknown capacity (give --node, --host-ram or --nvme)", style="yellow")
     word = Text("fits", style="bold green") if fits else Text("does NOT fit", style="bold red")
     assert capacity is not None
     return Text.assemble(word, f"  (need {fmt_bytes(need)}, have {fmt_bytes(capacity)}, "
-                               f"headroom {fmt_bytes(capacity - need)})")
+                               f"headroom {fmt_bytes(capacity - need)})",
+                         (cheaper_load_hint(other_loads, capacity), "bold"))
+
+
+def cheaper_load_hint(other_loads: tuple[tuple[str, int], ...], capacity: int | None) -> str:
+    """'; fits with --load meta (1.31 TiB) or --load sharded (1.31 TiB)' (or 'still does not
+    fit with ...' when none does); '' without cheaper modes."""
+    if not other_loads or capacity is None:
+        return ""
+    fit = [(m, b) for m, b in other_loads if b <= capacity]
+    shown = fit or other_loads[:1]
+    modes = " or ".join(f"--load {m} ({fmt_bytes(b)})" for m, b in shown)
+    return f"; fits with {modes}" if fit else f"; still does not fit with {modes}"
 
 
 def _lines_table(title: str, lines: tuple[HostLine, ...]) -> Table:
@@ -50,7 +63,7 @@ def host_sections(b: Breakdown) -> list[RenderableType]:
         out += [Text(f"  by moment  {moments}"),
                 Text(f"  peak       {fmt_bytes(h.per_node_peak_bytes)} during {h.peak_moment}"),
                 Text.assemble("  verdict    ", _verdict(h.fits, h.per_node_peak_bytes,
-                                                        h.capacity_bytes)),
+                                                        h.capacity_bytes, h.other_loads)),
                 Text(f"  ratio      this run needs {h.ram_to_gpu_ratio:.2f}x the node's GPU "
                      f"memory ({fmt_bytes(h.gpu_memory_per_node_bytes)}) in host RAM; "
                      f"{RULE_OF_THUMB}")]

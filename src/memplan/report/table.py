@@ -12,6 +12,7 @@ from rich.text import Text
 from ..breakdown import Breakdown, Category, Pool, RankBreakdown, Step
 from ..units import fmt_bytes, fmt_count
 from .host import host_sections
+from .summary import summary_line
 
 _WHERE = {Pool.ALLOCATED: "GPU", Pool.RESERVED: "GPU (slack)", Pool.DEVICE: "GPU (outside torch)",
           Pool.HOST: "host RAM", Pool.NVME: "NVMe"}
@@ -29,6 +30,8 @@ def _recipe_line(r: dict[str, Any]) -> str:
     for k in ("tp", "pp", "cp", "ep"):
         if r[k] > 1:
             parts.append(f"{k}={r[k]}")
+        if k == "pp" and r.get("pp_virtual", 1) > 1:
+            parts.append(f"pp-virtual={r['pp_virtual']}")
     if r["zero"]:
         parts.append(f"ZeRO-{r['zero']}")
     if r["offload"] != "none":
@@ -94,6 +97,7 @@ def render_breakdown(b: Breakdown) -> RenderableType:
         ("memplan ", "bold"), (b.source, "bold cyan"), "  ", (m.id, "bold"), " on ",
         (b.device.name, "bold"), f" ({fmt_bytes(b.capacity_bytes)})")
     lines: list[RenderableType] = [
+        Text(summary_line(b), style="bold"),
         title,
         Text(f"model: {fmt_count(m.params)} params ({m.params:,}), trainable "
              f"{fmt_count(m.trainable_params)} ({m.trainable_params:,}); "

@@ -60,6 +60,9 @@ class HostEstimate:
     """Sum of the node's GPU capacities, for the RAM : GPU-memory ratio."""
     notes: tuple[str, ...] = field(default=())
     """Assumptions and caveats for this estimate."""
+    other_loads: tuple[tuple[str, int], ...] = field(default=())
+    """When this estimate does not fit: (load mode, per-node peak bytes) of each cheaper
+    ``load`` mode, cheapest first, so that the verdict can name the fix."""
 
     @property
     def moments(self) -> dict[str, int]:
@@ -100,6 +103,7 @@ class HostEstimate:
             "gpu_memory_per_node_bytes": self.gpu_memory_per_node_bytes,
             "ram_to_gpu_memory_ratio": round(self.ram_to_gpu_ratio, 3),
             "lines": [line.to_dict() for line in self.lines], "notes": list(self.notes),
+            "other_loads": dict(self.other_loads),
         }
 
     @classmethod
@@ -108,7 +112,9 @@ class HostEstimate:
                    lines=tuple(HostLine.from_dict(x) for x in d["lines"]),
                    capacity_bytes=d.get("capacity_bytes"),
                    gpu_memory_per_node_bytes=int(d["gpu_memory_per_node_bytes"]),
-                   notes=tuple(d.get("notes", ())))
+                   notes=tuple(d.get("notes", ())),
+                   other_loads=tuple((str(k), int(v))
+                                     for k, v in (d.get("other_loads") or {}).items()))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

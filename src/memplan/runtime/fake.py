@@ -60,7 +60,8 @@ def fake_mode(device: str = "cpu") -> Iterator[Any]:
     if device == "cuda" and not torch.backends.cuda.is_built():
         raise TraceError(
             f"device=cuda tracing needs a CUDA build of torch (this is {torch.__version__}, "
-            "built without CUDA); a GPU is not needed. Install a CUDA wheel of torch, or "
+            "built without CUDA); a GPU is not needed. Install a CUDA wheel of torch, or leave "
+            "--device out (`memplan trace` then traces with CPU kernels and notes it), or "
             "trace with device=cpu (CPU kernels: the math differs for SDPA and the optimizer)."
         )
     from torch._subclasses.fake_tensor import DynamicOutputShapeException

@@ -38,9 +38,26 @@ from ..recipe import Recipe
 from ..runtime.fake import fake_mode
 from ..runtime.workload import Workload, build_model, build_workload, check_traceable, materialize
 
-__all__ = ["trace"]
+__all__ = ["trace", "cpu_kernels_without_cuda"]
 
 HOW = "traced: live storage bytes under FakeTensorMode"
+
+
+def cpu_kernels_without_cuda(recipe: Recipe) -> tuple[Recipe, str | None]:
+    """``recipe`` and no note where its kernels can be traced. On a torch built without CUDA, a
+    ``device=cuda`` recipe cannot be (a fake CUDA tensor with autograd aborts such a build,
+    ``runtime.fake.fake_mode``): the same recipe on CPU kernels (flash attention becomes SDPA,
+    which is what a CPU run takes), and a note saying what that leaves out."""
+    import torch
+
+    if recipe.platform.device != "cuda" or torch.backends.cuda.is_built():
+        return recipe, None
+    cpu = recipe.with_keys(device="cpu", attention="sdpa" if recipe.platform.attention == "flash"
+                           else recipe.platform.attention)
+    return cpu, (f"traced with CPU kernels (torch {torch.__version__} has no CUDA build): "
+                 "attention and optimizer temporaries follow the CPU kernels, and the CUDA "
+                 "context, cuBLAS workspaces and allocator slack are not included; install a "
+                 "CUDA wheel of torch (no GPU needed) for CUDA kernels")
 
 
 def _steps(w: Workload, steps: int) -> list[Any]:
