@@ -285,11 +285,12 @@ class Session:
             return
         m = step_measurement(t, w)
         self.steps.append(m)
-        n = len(self.tensor_timeline)
-        self._timeline_of(w)
-        self._record({"kind": "step", "step": step_record(m)})
-        self._record({"kind": "tensors", "points": [
-            {"t": t, **c} for t, c in self.tensor_timeline[n:]]}, flush=True)
+        self._record({"kind": "step", "step": step_record(m)}, flush=not self.track_tensors)
+        if self.track_tensors:  # counters only: no tensor event, no timeline to walk
+            n = len(self.tensor_timeline)
+            self._timeline_of(w)
+            self._record({"kind": "tensors", "points": [
+                {"t": t, **c} for t, c in self.tensor_timeline[n:]]}, flush=True)
 
     def _timeline_of(self, w: Window) -> None:
         """Bytes per category over the step in (up to) ``_TIMELINE_POINTS`` buckets of events,
@@ -395,6 +396,5 @@ def _last_label(w: Window | None) -> str | None:
 
 
 def session(**kwargs: Any) -> Session:
-    """``with memplan.measure.session(model=..., optimizer=..., out=DIR) as s:``; see
-    ``Session``."""
+    """``with memplan.measure.session(model=..., optimizer=..., out=DIR) as s:``; ``Session``."""
     return Session(**kwargs)
