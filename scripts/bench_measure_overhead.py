@@ -2,11 +2,13 @@
 
 Three runs of the same CPU training loop: no session; a session with counters only
 (``track_tensors=False``: RSS / allocator sampling thread, step hooks, the stream); a session
-with live-tensor tracking (the storage tracker on every ATen op). Prints one JSON line per
-model with the median step time of each (best of ``--rounds`` interleaved rounds) and the overhead in
-% of the baseline.
+with live-tensor tracking (the storage tracker on every ATen op). Each round runs the three
+(rotated order) and takes each one's median step, in wall time and in process CPU time; the
+overhead of a round is its session's median against its own baseline. Prints one JSON line
+per model: the median over rounds of each step time, and of each overhead with its min, max
+and interquartile range.
 
-    PYTHONPATH=src python scripts/bench_measure_overhead.py [--steps 20] [--rounds 3]
+    PYTHONPATH=src python scripts/bench_measure_overhead.py [--steps 20] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -39,16 +41,40 @@ CASES = {
 
 
 def _steps(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
-           n: int) -> list[float]:
+           n: int) -> list[tuple[float, float]]:
+    """(wall, process CPU) seconds of each of ``n`` steps; process CPU counts every thread of
+    this process (torch's and the sampler's) and not the time spent waiting for a core, so
+    other processes on a shared machine disturb it far less than the wall time."""
     times = []
     for _ in range(n):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss = model(x).pow(2).mean()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - t0)
+        times.append((time.perf_counter() - t0, time.process_time() - c0))
     return times
+
+
+MODES = ("baseline", "counters", "tensors")
+
+
+def _round(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int,
+           order: tuple[str, ...]) -> dict[str, tuple[float, float]]:
+    """Median (wall, CPU) step of each mode, run in ``order``."""
+    out = {}
+    for mode in order:
+        with tempfile.TemporaryDirectory() as d:
+            if mode == "baseline":
+                times = _steps(model, opt, x, steps)
+            else:
+                with mm.session(model=model, optimizer=opt, out=d, plot=False,
+                                track_tensors=mode == "tensors"):
+                    times = _steps(model, opt, x, steps)
+        times = times[1:]  # step 0 of a session opens its stream
+        out[mode] = (statistics.median(t[0] for t in times),
+                     statistics.median(t[1] for t in times))
+    return out
 
 
 def bench(name: str, steps: int, rounds: int) -> dict[str, object]:
@@ -60,33 +86,37 @@ def bench(name: str, steps: int, rounds: int) -> dict[str, object]:
     _steps(model, opt, x, 3)  # warm-up: optimizer states, allocator
     out: dict[str, object] = {"model": name, "steps": steps, "rounds": rounds,
                               "threads": torch.get_num_threads()}
-    medians: dict[str, float] = {}
-    # Modes interleaved over rounds, best median kept: a shared machine's noise only adds time.
-    for _ in range(rounds):
-        for mode in ("baseline", "counters", "tensors"):
-            with tempfile.TemporaryDirectory() as d:
-                if mode == "baseline":
-                    times = _steps(model, opt, x, steps)
-                else:
-                    with mm.session(model=model, optimizer=opt, out=d, plot=False,
-                                    track_tensors=mode == "tensors"):
-                        times = _steps(model, opt, x, steps)
-            m = statistics.median(times[1:])  # step 0 of a session opens its stream
-            medians[mode] = min(medians.get(mode, m), m)
-    for mode in medians:
-        out[f"{mode}_ms"] = round(medians[mode] * 1e3, 3)
-    for mode in ("counters", "tensors"):
-        out[f"{mode}_overhead_pct"] = round((medians[mode] / medians["baseline"] - 1) * 100, 1)
+    # The modes run in a rotated order each round, and each session is compared with the
+    # baseline of its own round: drift of a shared machine's load cancels in the ratio.
+    per_round = [_round(model, opt, x, steps, MODES[i % 3:] + MODES[:i % 3])
+                 for i in range(rounds)]
+    for k, clock in enumerate(("wall", "cpu")):
+        for mode in MODES:
+            out[f"{mode}_{clock}_ms"] = round(
+                statistics.median(r[mode][k] for r in per_round) * 1e3, 3)
+        for mode in ("counters", "tensors"):
+            pct = sorted((r[mode][k] / r["baseline"][k] - 1) * 100 for r in per_round)
+            out[f"{mode}_{clock}_overhead_pct"] = {
+                "median": round(statistics.median(pct), 1), "min": round(pct[0], 1),
+                "max": round(pct[-1], 1),
+                "iqr": [round(q, 1) for q in statistics.quantiles(pct, n=4, method="inclusive")[::2]]
+                if len(pct) > 1 else None}
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch intra-op threads (1: a straggler thread on a shared machine "
+                         "does not decide the step time)")
+    ap.add_argument("--case", choices=list(CASES), action="append",
+                    help="run only this case (repeatable)")
     args = ap.parse_args()
-    for name in CASES:
-        print(json.dumps(bench(name, args.steps, args.rounds)))
+    torch.set_num_threads(args.threads)
+    for name in args.case or CASES:
+        print(json.dumps(bench(name, args.steps, args.rounds)), flush=True)
 
 
 if __name__ == "__main__":

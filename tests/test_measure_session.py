@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import struct
@@ -193,3 +194,28 @@ def test_session_reads_the_cuda_allocator(tmp_path):
     assert s.breakdown.worst.steady_peak_allocated_bytes > 0
     assert Step.STEADY in {m.step for m in s.breakdown.worst.moments}
     assert os.path.exists(tmp_path / "memplan-measure.json")
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux procfs")
+def test_own_rss_reads_procfs_like_psutil_and_follows_a_fork():
+    """The sampler's cheap RSS (one pread on a kept descriptor) is psutil's number, grows with
+    touched memory, and is this process's own after a fork (a DataLoader worker)."""
+    psutil = pytest.importorskip("psutil")
+    from memplan.measure.sampler import rss_bytes
+
+    before = rss_bytes()
+    block = bytearray(64 * 2**20)
+    block[::4096] = b"\1" * len(block[::4096])  # touch every page
+    grown = rss_bytes()
+    assert abs(grown - psutil.Process().memory_info().rss) < 4 * 2**20
+    assert grown - before >= 60 * 2**20
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child touches 64 MiB more: its own RSS, not the parent's
+        more = bytearray(64 * 2**20)
+        more[::4096] = b"\1" * len(more[::4096])
+        os.write(w, str((rss_bytes(), psutil.Process().memory_info().rss)).encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child, child_psutil = ast.literal_eval(os.read(r, 100).decode())
+    assert abs(child - child_psutil) < 4 * 2**20

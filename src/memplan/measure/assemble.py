@@ -127,6 +127,8 @@ def _ending(records: list[dict[str, Any]], samples: list[dict[str, Any]],
     seen = next((r for r in reversed(records) if r["kind"] == "oom_snapshot"), None)
     if oom is not None and seen is not None:  # torch's OOM observer ran first (cuda_oom.py)
         oom = replace(oom, snapshot=seen["summary"])
+    elif oom is None and seen is not None and how != "completed":
+        oom = _observed_oom(seen)  # the OOM's exception never reached the session's exit
     errors = []
     if not closed and how in ("completed", "exit"):
         errors.append(f"the process record stops at t={last_t:.2f} s without its "
@@ -141,6 +143,22 @@ def _ending(records: list[dict[str, Any]], samples: list[dict[str, Any]],
                            cuda_oom=oom, last_rss=last_rss, peak_rss=peak_rss, limit=limit,
                            limit_source=source, where=where),
         report_errors=tuple(errors))
+
+
+def _observed_oom(seen: dict[str, Any]) -> CudaOom:
+    """A CUDA OOM known only from torch's observer (``cuda_oom.py``): the process died, or
+    exited, before the exception reached the session (a launcher's ``sys.exit``, a hang
+    killed by its scheduler, a rank torn down by its peers)."""
+    summary = seen.get("summary") or {}
+    return CudaOom(message="CUDA out of memory (seen by torch's OOM observer, device limit "
+                           f"{seen.get('device_limit_bytes')} B; the exception itself was not "
+                           "recorded)",
+                   requested_bytes=seen.get("requested_bytes"), device_index=seen.get("device"),
+                   free_bytes=seen.get("device_free_bytes"),
+                   allocated_bytes=summary.get("allocated_bytes"),
+                   reserved_bytes=summary.get("reserved_bytes"),
+                   reserved_unallocated_bytes=summary.get("reserved_unallocated_bytes"),
+                   snapshot=summary)
 
 
 def assemble(records: list[dict[str, Any]], parent: ParentView | None = None) -> MeasureReport:

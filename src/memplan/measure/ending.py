@@ -26,7 +26,9 @@ OOM_NEAR = 0.10
 every interval, so the last sample can sit below the true peak by one interval's growth; and
 the kernel kills when the whole cgroup (page cache included) reaches the limit."""
 
-_UNIT = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_UNIT = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+"""``format_size`` in ``c10/cuda/CUDACachingAllocator.cpp`` writes ``N bytes`` up to 1 KiB, then
+``%.2f KiB|MiB|GiB``: a parsed size is exact below 1 KiB, else within 0.005 of its unit."""
 
 
 def _bytes(num: str, unit: str) -> int:
@@ -35,20 +37,39 @@ def _bytes(num: str, unit: str) -> int:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CudaOom:
-    """What a CUDA out-of-memory exception said (``torch.OutOfMemoryError``'s message)."""
+    """What a CUDA out-of-memory exception said (``torch.OutOfMemoryError``'s message).
+
+    The numbers are those of ``DeviceCachingAllocator::malloc`` in
+    ``c10/cuda/CUDACachingAllocator.cpp`` (pytorch/pytorch), printed to two decimals (see
+    ``_UNIT``); a field the message does not carry stays None.
+    """
 
     message: str
     """The exception text, first line."""
     requested_bytes: int | None = None
-    """``Tried to allocate X``."""
+    """``Tried to allocate X``: the request, rounded up by the allocator."""
+    device_index: int | None = None
+    """``GPU N``."""
     capacity_bytes: int | None = None
-    """``GPU N has a total capacity of X``."""
+    """``GPU N has a total capacity of X`` (``X total capacity`` up to torch 2.0)."""
     free_bytes: int | None = None
-    """``of which X is free``."""
+    """``of which X is free``: ``cudaMemGetInfo``'s free memory after the allocator released its
+    cache."""
+    process_used_bytes: int | None = None
+    """``this process has X memory in use`` (NVML, non-PyTorch memory included; torch >= 2.1
+    built with NVML)."""
+    allowed_bytes: int | None = None
+    """``X allowed;``: the cap of ``torch.cuda.set_per_process_memory_fraction``."""
     allocated_bytes: int | None = None
-    """``X is allocated by PyTorch``."""
+    """``X is allocated by PyTorch`` (``X already allocated`` up to torch 2.0)."""
+    private_pool_bytes: int | None = None
+    """``with X allocated in private pools (e.g., CUDA Graphs)``."""
+    reserved_bytes: int | None = None
+    """Held by the caching allocator: allocated + reserved-but-unallocated (``X reserved in total
+    by PyTorch`` up to torch 2.0)."""
     reserved_unallocated_bytes: int | None = None
-    """``X is reserved by PyTorch but unallocated`` (fragmentation, in the allocator's words)."""
+    """``X is reserved by PyTorch but unallocated``: cached, free to PyTorch, not to this request
+    unless a free block is large enough (fragmentation, in the allocator's words)."""
     allocator: dict[str, int] | None = None
     """``torch.cuda`` counters read when the exception was raised (CUDA only)."""
     snapshot: dict[str, Any] | None = None
@@ -63,22 +84,40 @@ class CudaOom:
         return cls(**d)
 
 
+_SIZE = r"([\d.]+) (bytes|B|KiB|MiB|GiB|TiB)"
+_FIELDS: dict[str, tuple[str, ...]] = {
+    # torch >= 2.1 wording first, then torch <= 2.0 (``(GPU 0; X total capacity; ...)``).
+    "requested_bytes": (rf"Tried to allocate {_SIZE}",),
+    "capacity_bytes": (rf"total capaci?ty of {_SIZE}", rf"{_SIZE} total capacity"),  # 2.1: capacty
+    "free_bytes": (rf"of which {_SIZE} is free", rf"{_SIZE} free;"),
+    "process_used_bytes": (rf"this process has {_SIZE} memory in use",),
+    "allowed_bytes": (rf"{_SIZE} allowed;",),
+    "allocated_bytes": (rf"{_SIZE} is allocated by PyTorch", rf"{_SIZE} already allocated"),
+    "private_pool_bytes": (rf"with {_SIZE} allocated in private pools",),
+    "reserved_unallocated_bytes": (rf"{_SIZE} is reserved by PyTorch but unallocated",),
+    "reserved_bytes": (rf"{_SIZE} reserved in total by PyTorch",),
+}
+
+
 def parse_cuda_oom(message: str, allocator: dict[str, int] | None = None) -> CudaOom:
-    """The numbers in a CUDA OOM message (torch 2.x wording); those not found stay None."""
-    size = r"([\d.]+) (B|KiB|MiB|GiB|TiB)"
-
-    def find(pattern: str) -> int | None:
-        m = re.search(pattern, message)
-        return _bytes(m.group(1), m.group(2)) if m else None
-
-    return CudaOom(
-        message=message.strip().splitlines()[0] if message.strip() else "",
-        requested_bytes=find(rf"Tried to allocate {size}"),
-        capacity_bytes=find(rf"total capacity of {size}"),
-        free_bytes=find(rf"of which {size} is free"),
-        allocated_bytes=find(rf"{size} is allocated by PyTorch"),
-        reserved_unallocated_bytes=find(rf"{size} is reserved by PyTorch but unallocated"),
-        allocator=allocator)
+    """The numbers in a CUDA (or HIP) OOM message, torch 1.x to 2.x wording; those not found
+    stay None. Reserved is derived where the wording gives only its parts: torch >= 2.1 prints
+    allocated (private pools included) and reserved-unallocated, torch <= 2.0 allocated and
+    reserved in total."""
+    found: dict[str, int | None] = {}
+    for field, patterns in _FIELDS.items():
+        m = next((m for p in patterns if (m := re.search(p, message)) is not None), None)
+        found[field] = _bytes(m.group(1), m.group(2)) if m else None
+    alloc, unalloc, reserved = (found["allocated_bytes"], found["reserved_unallocated_bytes"],
+                                found["reserved_bytes"])
+    if reserved is None and alloc is not None and unalloc is not None:
+        found["reserved_bytes"] = alloc + unalloc
+    elif unalloc is None and alloc is not None and reserved is not None:
+        found["reserved_unallocated_bytes"] = max(reserved - alloc, 0)
+    gpu = re.search(r"GPU (\d+)[ ;]", message)
+    return CudaOom(message=message.strip().splitlines()[0] if message.strip() else "",
+                   device_index=int(gpu.group(1)) if gpu else None, allocator=allocator,
+                   **found)
 
 
 def memory_limit(cgroup_root: Path = Path("/sys/fs/cgroup"),
@@ -164,8 +203,8 @@ def diagnose(*, how: str, sig: str | None, exception: str | None, cuda_oom: Cuda
              limit_source: str, where: str) -> str:
     """The diagnosis sentence of ``RunEnd`` (see the module docstring for the OOM rule)."""
     if cuda_oom is not None:
-        req = f" of {fmt_bytes(cuda_oom.requested_bytes)}" if cuda_oom.requested_bytes else ""
-        return f"CUDA out of memory: an allocation{req} failed {where}"
+        return f"CUDA out of memory: an allocation{_oom_detail(cuda_oom)} failed {where}" + (
+            _fragmented(cuda_oom))
     if how == "completed":
         return "completed"
     if how in ("killed", "signal") and sig in (None, "SIGKILL"):
@@ -183,3 +222,35 @@ def diagnose(*, how: str, sig: str | None, exception: str | None, cuda_oom: Cuda
     if how == "exception":
         return f"raised {exception} {where}"
     return f"ended ({how}) {where}"
+
+
+def _oom_detail(oom: CudaOom) -> str:
+    """`` of 2.00 GiB with 75.00 GiB allocated and 1.20 GiB reserved-unallocated of 79.10 GiB
+    (1.50 GiB free)``, as far as the message told."""
+    out = f" of {fmt_bytes(oom.requested_bytes)}" if oom.requested_bytes else ""
+    if oom.allocated_bytes is not None:
+        out += f" with {fmt_bytes(oom.allocated_bytes)} allocated"
+        if oom.reserved_unallocated_bytes is not None:
+            out += f" and {fmt_bytes(oom.reserved_unallocated_bytes)} reserved-unallocated"
+    if oom.capacity_bytes:
+        out += f" of {fmt_bytes(oom.capacity_bytes)}"
+        if oom.free_bytes is not None:
+            out += f" ({fmt_bytes(oom.free_bytes)} free)"
+    return out
+
+
+def _fragmented(oom: CudaOom) -> str:
+    """A fragmentation note when the allocator's cache held more free bytes than the request.
+    Before raising, ``malloc`` has released every cached segment it could ("the only remaining
+    'cached' memory is split from a larger block that is partially in-use",
+    ``CUDACachingAllocator.cpp``), so those bytes are free pieces none of which fit the request;
+    the snapshot's largest free block, when there is one, shows it. The advice is torch's own,
+    from the same OOM message."""
+    req, cached = oom.requested_bytes, oom.reserved_unallocated_bytes
+    if not req or cached is None or cached < req:
+        return ""
+    largest = (oom.snapshot or {}).get("largest_free_block_bytes")
+    block = (f", its largest free block {fmt_bytes(largest)}" if isinstance(largest, int)
+             else "")
+    return (f"; {fmt_bytes(cached)} was reserved but unallocated{block}: fragmentation "
+            "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, torch's advice)")

@@ -21,9 +21,8 @@ What it records:
   hooks; every optimizer when none is given), and the step closes when the step returns.
   Categories and moments are those of ``measure_step``; step 0 is ``first``, the last step
   ``steady``.
-- **CUDA allocator** (when the model is on a GPU): ``torch.cuda.memory_stats`` peaks of
-  allocated / reserved / active bytes over the session, and the device's used memory from NVML
-  (``pynvml``; skipped when absent).
+- **CUDA allocator** (model on a GPU): ``torch.cuda.memory_stats`` peaks, NVML's used memory
+  (``pynvml``), and on an out-of-memory the allocator's snapshot (``cuda_oom.py``).
 - **Host**: RSS of the process (psutil, else ``/proc``) and, on CUDA, pinned host memory
   (``torch.cuda.host_memory_stats``), sampled every ``interval_s`` by a thread, with the live
   tensor bytes and the allocator's current bytes: the ``timeline``.
@@ -61,7 +60,7 @@ from ..runtime.labels import BATCH, OPTIMIZER, ROOT, ModuleLabeller
 from ..runtime.steps import StepMeasurement, step_record
 from ..runtime.tracker import StorageTracker, Window, graph_task_id
 from .assemble import assemble
-from .cuda_oom import watch_cuda_oom
+from .cuda_oom import record_history, watch_cuda_oom
 from .ending import parse_cuda_oom, signal_name
 from .loop_seen import LoopWatch
 from .tensor_timeline import timeline_points
@@ -125,6 +124,8 @@ class Session:
             self.nvml = Nvml(self.cuda_index)
             if watch_cuda_oom(lambda rec: self._record(rec, flush=True)):
                 self._stack.callback(watch_cuda_oom, None)
+            if self.track_tensors and (off := record_history()) is not None:
+                self._stack.callback(off)
         self.tracker = StorageTracker(before_op=self._before_op)
         self.tracker.start_timing()
         self.labeller = None
@@ -303,11 +304,12 @@ class Session:
             return
         m = step_measurement(t, w)
         self.steps.append(m)
-        n = len(self.tensor_timeline)
-        self._timeline_of(w)
-        self._record({"kind": "step", "step": step_record(m)})
-        self._record({"kind": "tensors", "points": [
-            {"t": t, **c} for t, c in self.tensor_timeline[n:]]}, flush=True)
+        self._record({"kind": "step", "step": step_record(m)}, flush=not self.track_tensors)
+        if self.track_tensors:  # counters only: no tensor event, no timeline to walk
+            n = len(self.tensor_timeline)
+            self._timeline_of(w)
+            self._record({"kind": "tensors", "points": [
+                {"t": t, **c} for t, c in self.tensor_timeline[n:]]}, flush=True)
 
     def _timeline_of(self, w: Window) -> None:
         self.tensor_timeline += timeline_points(self.tracker, w, self.t0, _TIMELINE_POINTS)
@@ -385,6 +387,5 @@ def _last_label(w: Window | None) -> str | None:
 
 
 def session(**kwargs: Any) -> Session:
-    """``with memplan.measure.session(model=..., optimizer=..., out=DIR) as s:``; see
-    ``Session``."""
+    """``with memplan.measure.session(model=..., optimizer=..., out=DIR) as s:``; ``Session``."""
     return Session(**kwargs)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..breakdown import Breakdown, Moment
@@ -30,36 +31,51 @@ TOP_BLOCKS = 5
 """Live blocks listed in the snapshot summary, largest first."""
 
 
+_OWN = str(Path(__file__).resolve().parents[1])
+"""memplan's own source: its tensor tracker sits in the stack of every op it watches."""
+
+
 def _frame(block: dict[str, Any]) -> str | None:
-    """The innermost frame outside torch that allocated ``block`` (frames are recorded only
-    under ``_record_memory_history``)."""
+    """The innermost frame outside torch and memplan that allocated ``block`` (frames are
+    recorded only under ``_record_memory_history``; innermost first)."""
     frames = block.get("frames") or []
     for f in frames:
         name = str(f.get("filename", ""))
-        if "/torch/" not in name:
+        if "/torch/" not in name and not name.startswith(_OWN):
             return f"{name}:{f.get('line')} {f.get('name')}"
     return f"{frames[0].get('filename')}:{frames[0].get('line')}" if frames else None
 
 
-def summarize_snapshot(snap: dict[str, Any]) -> dict[str, Any]:
-    """The allocator state that explains an OOM, from one device's ``Snapshot``."""
-    segments = snap.get("segments") or []
+def summarize_snapshot(snap: dict[str, Any], device: int | None = None) -> dict[str, Any]:
+    """The allocator state that explains an OOM, from torch's ``Snapshot`` (all devices; each
+    segment names its ``device``, ``torch/csrc/cuda/memory_snapshot.cpp``): the segments of
+    ``device`` only when it is given. Fragmentation is what the cache holds unallocated
+    (reserved - allocated); a request larger than the largest free block but no larger than
+    that total failed for fragmentation alone."""
+    segments = [s for s in snap.get("segments") or []
+                if device is None or s.get("device", device) == device]
     blocks = [b for s in segments for b in s.get("blocks") or []]
     live = sorted((b for b in blocks if b.get("state") == "active_allocated"),
                   key=lambda b: -int(b.get("size", 0)))
     free = [int(b.get("size", 0)) for b in blocks if b.get("state") == "inactive"]
     reserved = sum(int(s.get("total_size", 0)) for s in segments)
     allocated = sum(int(s.get("allocated_size", 0)) for s in segments)
-    traces = [e for dev in snap.get("device_traces") or [] for e in dev]
-    oom = next((e for e in reversed(traces) if e.get("action") == "oom"), None)
+    traces = snap.get("device_traces") or []
+    if device is not None:  # one list per device, indexed by device
+        traces = traces[device:device + 1]
+    oom = next((e for e in reversed([e for dev in traces for e in dev])
+                if e.get("action") == "oom"), None)
+    settings = snap.get("allocator_settings") or {}
     return {
         "segments": len(segments),
         "reserved_bytes": reserved,
         "allocated_bytes": allocated,
         "reserved_unallocated_bytes": reserved - allocated,
+        "free_blocks": len(free),
         "largest_free_block_bytes": max(free, default=0),
         "largest_live_blocks": [{"bytes": int(b.get("size", 0)), "allocated_by": _frame(b)}
                                 for b in live[:TOP_BLOCKS]],
+        "expandable_segments": settings.get("expandable_segments"),
         "oom_trace": ({"requested_bytes": oom.get("size"), "device_free_bytes":
                        oom.get("device_free")} if oom else None),
     }
