@@ -99,8 +99,9 @@ def bench(name: str, steps: int, rounds: int) -> dict[str, object]:
             out[f"{mode}_{clock}_overhead_pct"] = {
                 "median": round(statistics.median(pct), 1), "min": round(pct[0], 1),
                 "max": round(pct[-1], 1),
-                "iqr": [round(q, 1) for q in statistics.quantiles(pct, n=4, method="inclusive")[::2]]
-                if len(pct) > 1 else None}
+                "iqr": ([round(q, 1) for q in
+                         statistics.quantiles(pct, n=4, method="inclusive")[::2]]
+                        if len(pct) > 1 else None)}
     return out
 
 
