@@ -373,4 +373,8 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
         g.region = "loss"
         b.causal_lm_loss(logits, V // tp, softcap=tr.final_softcap, shift=tr.causal,
                          shift_copy=tr.shift_copy)
+        if spec.tied_embeddings and first:
+            ends = [o for o in g.ops if o.param_grads and (
+                o.region == "embedding" or logits in o.outputs)]
+            g.tied = (ends[0], ends[-1]) if len(ends) == 2 else ()
     return g

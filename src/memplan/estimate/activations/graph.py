@@ -107,6 +107,9 @@ class Graph:
     accumulate: bool = False
     """Parameter gradients are added into an existing ``.grad`` (``activations.accumulates``):
     each computed gradient (and its cast) is a temporary at its op."""
+    tied: tuple[Op, ...] = ()
+    """(embedding op, head op) sharing one weight: accumulating, the head's gradient of it
+    waits in autograd's input buffer until the embedding's arrives (a temporary between)."""
     _groups: int = 0
     _sac: bool = False
     _mm: int = 0
@@ -239,6 +242,7 @@ def simulate(graph: Graph) -> list[Point]:
         if op.group >= 0:
             group_ops.setdefault(op.group, []).append(op)
     recomputed: set[int] = set()
+    held: Tensor | None = None  # a tied head's gradient (``Graph.tied``)
     last = ops[-1] if ops else None
     for op in reversed(ops):
         if op.group >= 0 and op.group not in recomputed:
@@ -252,6 +256,7 @@ def simulate(graph: Graph) -> list[Point]:
             _recompute(group_ops[op.group], st, remaining)
         flowing = op is last or any(id(t) in grad_of for t in op.outputs)
         cast = 0
+        tied_head = graph.accumulate and graph.tied and op is graph.tied[1]
         if flowing:
             extra = 0
             for t in op.grad_inputs:
@@ -262,11 +267,19 @@ def simulate(graph: Graph) -> list[Point]:
                     grad_of[id(t)] = g
                     st.alloc(g, "temp")
             for b, b32 in op.param_grads:
+                if tied_head and b == max(p[0] for p in op.param_grads) and held is None:
+                    held = Tensor(b32 or b)  # in the input buffer until the embedding's
+                    st.alloc(held, "temp")
+                    cast += b if b32 else 0  # the 16-bit gradient beside its fp32 copy
+                    st.grads += b32 or b
+                    continue
                 extra += b if b32 or graph.accumulate else 0
                 # accumulating, the cast (a node of its own) runs after this op has freed its
                 # saves: the 16-bit gradient and its fp32 copy, until AccumulateGrad adds it
                 cast += b + b32 if b32 and graph.accumulate else 0
                 st.grads += b32 or b
+            if held is not None and op is graph.tied[0]:
+                extra += held.nbytes  # the two summed out of place (measured: 3 copies live)
             st.mark("backward", op.region, extra)
         for t in op.outputs:
             g = grad_of.pop(id(t), None)
@@ -285,6 +298,9 @@ def simulate(graph: Graph) -> list[Point]:
                     st.free(t)
         if cast:
             st.mark("backward", op.region, cast)
+        if held is not None and graph.tied and op is graph.tied[0]:
+            st.free(held)
+            held = None
     return [st.points[k] for k in st.order]
 
 
