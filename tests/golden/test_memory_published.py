@@ -109,7 +109,6 @@ R_OIB = "optimizer in backward"
 R_OFFLOAD = "activation / other offload"
 R_HEAD_LORA = "LoRA adapters on lm_head / the embedding (not in Recipe.lora_targets)"
 R_UNSTATED = "settings not published (empty cell)"
-R_FP32_FROZEN = "FSDP keeps the frozen base in fp32 (memplan's -mixed stores frozen weights 16-bit)"
 R_COVERED = "covered by tests/golden/test_weights_only.py"
 
 
@@ -247,9 +246,6 @@ def _reasons(row: dict[str, str]) -> list[str]:
     if any(not row[k] for k in needed) or row["attention"] == "unknown" or (
             row["optimizer"] not in OPTIMIZERS) or row["method"] not in ("full", "lora", "qlora"):
         out.append(R_UNSTATED)
-    if row["source_group"] == "peft-docs-70b" and "FSDP" in row["notes"] and (
-            "accelerate bf16 mixed precision" in row["notes"]):
-        out.append(R_FP32_FROZEN)
     if row["id"] in ("GT038", "GT039", "GT120"):
         out.append(R_COVERED)
     return out
@@ -331,6 +327,9 @@ def _recipe(row: dict[str, str]) -> Recipe:
     kw.update(_loop(row))
     if engine := _engine(row):
         kw["engine"] = engine
+    if "model loaded in fp32" in row["notes"] and engine in ("fsdp1", "fsdp2") and (
+            row["precision"].endswith("-mixed")):
+        kw["frozen_dtype"] = "fp32"  # FSDP keeps the loaded dtype (DeepSpeed casts to 16-bit)
     r = Recipe.of(**kw)
     dp_shard = int(row["dp_shard"] or 1)
     if r.parallelism.zero and dp_shard != r.parallelism.shard_degree:

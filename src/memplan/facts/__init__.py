@@ -128,6 +128,8 @@ def dtypes(recipe: Recipe) -> Dtypes:
     d = rows.get((p, "any")) or rows[(p, zero)]
     if recipe.precision.grad_dtype == "fp32":
         d = replace(d, grad="fp32")
+    if recipe.precision.frozen_dtype == "fp32":
+        d = replace(d, frozen="fp32")
     return d
 
 

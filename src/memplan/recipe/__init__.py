@@ -34,6 +34,7 @@ from .parts import (
     CheckpointingKind,
     DeviceKind,
     GradDtype,
+    FrozenDtype,
     Loss,
     LossKind,
     Method,
@@ -54,7 +55,7 @@ from .parts import (
 __all__ = [
     "Recipe", "Precision", "Optimizer", "Method", "Batch", "Parallelism", "Checkpointing",
     "Offload", "Loss", "Platform", "PrecisionKind", "OptimizerKind", "MethodKind", "Quant", "Quantizer",
-    "CheckpointingKind", "Attention", "LossKind", "OffloadKind", "DeviceKind", "GradDtype",
+    "CheckpointingKind", "Attention", "LossKind", "OffloadKind", "DeviceKind", "GradDtype", "FrozenDtype",
     "Loop", "Outputs", "ZeroGradAt", "OptimizerImpl", "PARTS", "KEYS", "PRECISIONS", "OPTIMIZERS", "METHODS", "QUANTS", "OFFLOADS",
     "read_recipe_toml", "read_recipe_file", "Engine", "EngineKind", "ENGINES",
 ]
@@ -127,6 +128,19 @@ class Recipe:
                   f"{self.engine_kind} at zero={par.zero} steps its own fused Adam. Use "
                   "optimizer_impl=auto, or an engine that steps torch.optim (ddp, fsdp1, fsdp2, "
                   "torchtitan).")
+        prec = self.precision
+        if prec.frozen_dtype == "fp32" and not str(prec.kind).endswith("-mixed"):
+            why = ("its weights are fp32 already" if prec.kind == "32-true"
+                   else "model.to(16-bit) casts every weight")
+            p.add(f"frozen_dtype=fp32 keeps a frozen fp32 base under autocast, but "
+                  f"precision={prec.kind} has no autocast ({why}). Use a -mixed precision or "
+                  "frozen_dtype=auto.")
+        elif (prec.frozen_dtype == "fp32" and par.zero >= 1
+              and str(self.engine_kind) in ("deepspeed", "megatron")):
+            p.add(f"frozen_dtype=fp32 cannot hold under {self.engine_kind} with "
+                  f"precision={prec.kind}: the engine casts every parameter to 16 bits "
+                  "(DeepSpeed engine.py _configure_distributed_model; Megatron Float16Module). "
+                  "Use frozen_dtype=auto, or engine=fsdp1/fsdp2, which keep the loaded dtype.")
         if m.kind != "qlora" and m.quant != "none":
             p.add(f"quant={m.quant} only applies to method=qlora: quantized base weights are "
                   "frozen, so full/freeze training cannot update them. Use method=qlora or "

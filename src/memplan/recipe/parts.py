@@ -22,7 +22,7 @@ from .loop import Loop
 from .engine import Engine
 
 __all__ = [
-    "PrecisionKind", "GradDtype", "OptimizerKind", "MethodKind", "Quant", "AdapterDtype",
+    "PrecisionKind", "GradDtype", "FrozenDtype", "OptimizerKind", "MethodKind", "Quant", "AdapterDtype",
     "CheckpointingKind", "Attention", "LossKind", "OffloadKind", "DeviceKind",
     "Precision", "Optimizer", "Method", "Batch", "Parallelism", "Checkpointing", "Offload",
     "Loss", "Platform", "PARTS",
@@ -41,6 +41,11 @@ class PrecisionKind(StrEnum):
 
 
 class GradDtype(StrEnum):
+    AUTO = "auto"
+    FP32 = "fp32"
+
+
+class FrozenDtype(StrEnum):
     AUTO = "auto"
     FP32 = "fp32"
 
@@ -146,6 +151,12 @@ class Precision:
     grad_dtype: GradDtype = GradDtype.AUTO
     """``auto``: gradients in the parameters' dtype; ``fp32``: fp32 gradient accumulation
     buffers for 16-bit parameters (Megatron's ``main_grad``)."""
+    frozen_dtype: FrozenDtype = FrozenDtype.AUTO
+    """Storage of the frozen (non-trained) weights. ``auto``: the precision's: 16-bit under
+    ``-mixed`` and ``-true`` (the usual PEFT recipe loads the checkpoint with ``torch_dtype``
+    bf16), fp32 under ``32-true``; ``fp32``: the frozen base stays fp32 under autocast
+    (``from_pretrained`` / ``from_config`` without ``torch_dtype``, PEFT's own examples;
+    autocast casts each frozen weight to 16 bits where it is used)."""
 
     def __post_init__(self) -> None:
         check_part(self)

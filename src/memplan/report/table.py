@@ -21,6 +21,10 @@ _SUFFIX = {Pool.ALLOCATED: "", Pool.RESERVED: " (allocator slack)", Pool.DEVICE:
 
 def _recipe_line(r: dict[str, Any]) -> str:
     parts = [f"{r['precision']}", f"{r['optimizer']}", f"method={r['method']}"]
+    if r.get("frozen_dtype", "auto") != "auto":
+        parts.append(f"frozen base {r['frozen_dtype']}")
+    if r.get("grad_dtype", "auto") != "auto":
+        parts.append(f"{r['grad_dtype']} gradients")
     if r["method"] in ("lora", "qlora"):
         parts.append(f"r={r['lora_rank']} on {','.join(r['lora_targets'])}")
     if r["method"] == "qlora":

@@ -16,7 +16,8 @@ method                ``lora``: PEFT ``get_peft_model`` with ``LoraConfig(r, lor
                       ``freeze``: only the last ``freeze_trainable_layers`` blocks train.
                       Under ``-mixed`` the frozen weights are 16-bit and the trained ones fp32,
                       as after loading with ``torch_dtype=bfloat16`` (PEFT upcasts adapters,
-                      LLaMA-Factory upcasts trainable parameters)
+                      LLaMA-Factory upcasts trainable parameters); ``frozen_dtype = "fp32"``
+                      leaves them fp32
 checkpointing         ``runtime/checkpointing.py``: ``full`` (every k-th / first N layers),
                       ``selective`` (the attention function checkpointed), ``op``
                       (torchtitan's per-op policy)
@@ -328,7 +329,8 @@ def build_model(model_ref: str, recipe: Recipe, *, device: str, seed: int = 0) -
                                  "prompt-tuning, prefix-tuning, bitfit or adapter.")
             model = apply_method(model, recipe, spec, torch)
         _, autocast = _torch_dtype(torch, recipe.precision.kind)
-        if autocast is not None and recipe.method.kind != "full":
+        if (autocast is not None and recipe.method.kind != "full"
+                and recipe.precision.frozen_dtype == "auto"):
             for name, p in model.named_parameters():
                 # frozen adapter tensors (LoRA-FA's lora_A) keep the adapter dtype
                 if not p.requires_grad and "lora_" not in name:

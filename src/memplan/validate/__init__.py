@@ -129,9 +129,7 @@ class CaseResult:
             "differs_from_framework": self.case.differs,
             "no_trace": self.case.no_trace,
             "model": Path(self.case.model).stem,
-            "recipe": {k: r.to_dict()[k] for k in (
-                "precision", "optimizer", "method", "checkpointing", "attention", "micro_batch",
-                "seq_len", "device")},
+            "recipe": _recipe_keys(r),
             "measured_peak_allocated_bytes": self.measured_bytes,
             "traced_peak_allocated_bytes": peak(self.traced),
             "estimated_peak_allocated_bytes": peak(self.estimated),
@@ -239,6 +237,15 @@ def cases(*, quick: bool = False, device: str = "cpu",
                         harness=harness, base_dtype=base_dtype, differs=differs,
                         no_trace=no_trace))
     return out
+
+
+def _recipe_keys(r: Recipe) -> dict[str, Any]:
+    """The case's recipe: the main keys, and every other key that is not at its default (so
+    a loop or engine setting of the case is not lost from the JSON)."""
+    main = ("precision", "optimizer", "method", "checkpointing", "attention", "micro_batch",
+            "seq_len", "device")
+    d, default = r.to_dict(), Recipe().to_dict()
+    return {k: v for k, v in d.items() if k in main or (v != default.get(k) and k != "notes")}
 
 
 def _versions(device: str) -> dict[str, str]:

@@ -38,7 +38,8 @@ def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
     gathered = str(recipe.engine_kind) in ("fsdp1", "fsdp2", "torchtitan") \
         and recipe.parallelism.zero >= 1
     pbytes = half if gathered else dtype_bytes(dt.param)
-    act = pbytes if full else dtype_bytes(dt.frozen)
+    # gathered engines compute on param_dtype copies whatever the stored (frozen) dtype
+    act = pbytes if full or gathered else dtype_bytes(dt.frozen)
     lora = m.kind in ("lora", "qlora")
     adapted = m.kind in LORA_LIKE or m.kind == "ia3"
     seq = recipe.batch.seq_len + (m.virtual_tokens if m.kind == "prompt-tuning" else 0)
