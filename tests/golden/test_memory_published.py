@@ -110,6 +110,8 @@ R_OFFLOAD = "activation / other offload"
 R_HEAD_LORA = "LoRA adapters on lm_head / the embedding (not in Recipe.lora_targets)"
 R_UNSTATED = "settings not published (empty cell)"
 R_COVERED = "covered by tests/golden/test_weights_only.py"
+R_COVERED_MISS = ("covered by tests/golden/test_weights_only.py, where it is a miss (cause not "
+                  "measured): -19.8%, the 1.7 GiB reserved above the modelled load phase, as GT037")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -246,8 +248,10 @@ def _reasons(row: dict[str, str]) -> list[str]:
     if any(not row[k] for k in needed) or row["attention"] == "unknown" or (
             row["optimizer"] not in OPTIMIZERS) or row["method"] not in ("full", "lora", "qlora"):
         out.append(R_UNSTATED)
-    if row["id"] in ("GT038", "GT039", "GT120"):
+    if row["id"] in ("GT038", "GT120"):
         out.append(R_COVERED)
+    if row["id"] == "GT039":
+        out.append(R_COVERED_MISS)
     return out
 
 
@@ -493,7 +497,6 @@ _FSDP1_INIT = (
     "memplan's load phase models that (2 x the largest unit) and peaks at {load}, below the "
     "step. Cause unknown.")
 XFAIL: dict[str, str] = {
-    "GT037": "-21.2% (8.65 GiB reserved published, 6.82 predicted). " + _NF4_INIT,
     "GT008": "+192.7% (15.09 published, 44.16-47.29 predicted). The published number cannot "
              "hold at bs 4 x 2048 without activation checkpointing: memplan's saved activations "
              "alone exceed it. With checkpointing=full memplan gives 12.12-13.65 (-9.5%), so "
@@ -557,6 +560,7 @@ _QWEN_INT4 = (
     "2/3 of memplan's and a fixed 2.5-5 GiB is missing at 256. auto-gptq's kernel scratch "
     "buffers and Qwen's fp16 path for the Int4 models are candidates; not measured.")
 MISSES.update({
+    "GT037": "-21.2% (8.65 GiB reserved published, 6.82 predicted). " + _NF4_INIT,
     "GT164": "-38.5% (5.80 published, 3.02-3.57 predicted). " + _QWEN_INT4,
     "GT165": "-32.5% (6.00 published, 3.48-4.05 predicted). " + _QWEN_INT4,
     "GT188": "-22.3% (11.50 published, 8.14-8.94 predicted). " + _QWEN_INT4,

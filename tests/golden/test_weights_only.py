@@ -54,16 +54,19 @@ def test_gt038_lora_reserved_after_init_is_the_load_phase():
     assert got == pytest.approx(13.02, rel=0.05)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "-19.8% (8.50 GiB published, 6.82 predicted): the load phase holds the weights (3.64 GiB) "
-    "and torchao 0.1's to_nf4 of the largest weight (2.86 GiB, 68 B per element measured on "
-    "CPU); the rest is reserved, not allocated, and likely the allocator's block splitting "
-    "across the 224 quantisations; not measured (no GPU lent)."))
-def test_gt039_qlora_reserved_after_init_is_the_load_phase():
+def test_gt039_qlora_reserved_after_init_is_a_listed_miss():
     """GT039: torchtune qlora tutorial @0914d5cfb (torchao==0.1), QLoRA 7B reserved after model
-    init 9.13 GB = 8.50 GiB. Two-sided, 10 % (README caveat 9)."""
+    init 9.13 GB = 8.50 GiB; the tolerance is two-sided, 10 % (README caveat 9).
+
+    A miss, not an xfail: its cause is not measured (issue #17: an xfail needs a measured
+    cause). The load phase holds the weights (3.64 GiB) and torchao 0.1's to_nf4 of the largest
+    weight (2.86 GiB, 68 B per element measured on CPU): 6.82 GiB predicted, -19.8%. The
+    1.7 GiB left is reserved, not allocated; the allocator's block splitting across the 224
+    quantisations is a candidate that needs a GPU to measure. The row is reported as a miss in
+    validation/ground_truth_gpu.md (its skip reason there). This test fails when the row
+    starts to pass, so that the miss is taken off the list."""
     got = _load_reserved(Recipe.of(
         method="qlora", quant="nf4-dq", quantizer="torchao-0.1", lora_rank=8,
         lora_targets=("q", "k", "v", "o", "gate", "up", "down"), adapter_dtype="bf16",
         precision="bf16-true"))
-    assert got == pytest.approx(8.50, rel=0.10)
+    assert got != pytest.approx(8.50, rel=0.10), "GT039 now passes: make this a plain check"
