@@ -129,8 +129,10 @@ def render_oos_page() -> str:
         "reported, not bounded.", "",
         "Fixed after the first run: " + oos.SDPA_MATH_UPCAST, "",
         "Fixed after the second run: " + oos.EAGER_16BIT_SOFTMAX_DROPOUT, "",
-        "Rows that did not run: GPT-2's attention is a `Conv1D`, which memplan's measuring "
-        "harness cannot wrap with LoRA (a harness limit, not an estimate).", "",
+        "Re-run: the 3 GPT-2 LoRA rows failed in the first run because memplan's measuring "
+        "harness wrapped only `nn.Linear` and GPT-2's attention is a `Conv1D`; since LoRA "
+        "targets come from the model's own linear layers (issue #15) they run, and were "
+        "measured again.", "",
         oos.table(rows), ""])
 
 
