@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import Problems
 from ..model.spec import LORA_TARGETS, ModelSpec
-from ..recipe import Recipe
+from ..recipe import Parallelism, Recipe
 from .peft import LORA_LIKE, peft_problems
 
 __all__ = ["check_compatible"]
@@ -25,12 +25,7 @@ def check_compatible(model: ModelSpec, recipe: Recipe) -> None:
             p.add(f"tp={par.tp} and the {kv} key/value heads of {model.id} do not divide "
                   "either way (kv heads are split when tp divides them, replicated when they "
                   "divide tp). Choose tp as a divisor or multiple of the kv heads.")
-    chunks = par.pp * par.pp_virtual
-    if par.pp_virtual > 1 and model.num_layers % chunks:
-        p.add(f"pp_virtual={par.pp_virtual}: the {model.num_layers} layers of {model.id} do "
-              f"not split into pp x pp_virtual = {chunks} equal chunks "
-              "(Megatron requires it). Choose pp_virtual so that pp x pp_virtual divides the "
-              "layers.")
+    _pipeline_split(model, par, p)
     if par.pp > max(1, model.num_layers):
         p.add(f"pp={par.pp} is larger than the {model.num_layers} layers of {model.id}; "
               f"every pipeline stage needs at least one layer. Use pp <= {model.num_layers}.")
@@ -84,3 +79,41 @@ def check_compatible(model: ModelSpec, recipe: Recipe) -> None:
         p.add(f"{model.id} has no detectable layer stack, so it cannot be split into pipeline "
               "stages. Use pp=1.")
     p.raise_if_any()
+
+
+def _pipeline_split(model: ModelSpec, par: Parallelism, p: Problems) -> None:
+    """The layer split Megatron-Core accepts (``transformer_block.py``
+    ``get_num_layers_to_build`` asserts each of these)."""
+    n, pp, vp = model.num_layers, par.pp, par.pp_virtual
+    first, last = par.pp_first_layers, par.pp_last_layers
+    if pp == 1:
+        return
+    if first or last:
+        left, rest = pp - (first > 0) - (last > 0), n - first - last
+        if rest < 0 or (left == 0 and rest) or (left and rest % left):
+            p.add(f"pp_first_layers={first}, pp_last_layers={last}: the other {max(rest, 0)} of "
+                  f"the {n} layers of {model.id} must split equally over the {left} other "
+                  "stage(s) (Megatron: 'the left over layers must be divisible by left over "
+                  "stages'). Change the first/last counts or pp.")
+            return
+        counts = [c for c in (first, last) if c] + ([rest // left] if left else [])
+        if vp > 1 and any(c % vp for c in counts):
+            p.add(f"pp_virtual={vp}: every stage's layer count ({', '.join(map(str, counts))}) "
+                  "must divide into pp_virtual chunks (Megatron asserts it). Change "
+                  "pp_virtual or the first/last counts.")
+        return
+    extra = par.pp_split_embedding + par.pp_split_loss
+    if extra:
+        if (n + extra) % pp or (n + extra) // pp < 1:
+            p.add(f"pp_split_embedding/pp_split_loss: the {n} layers of {model.id} + {extra} "
+                  f"= {n + extra} must divide by pp={pp} (Megatron: 'num_layers should be "
+                  "divisible by pipeline_model_parallel_size'). Change pp or drop one of them.")
+        elif vp > 1 and ((n + extra) // pp) % vp:
+            p.add(f"pp_virtual={vp} must divide the {(n + extra) // pp} layers of each stage "
+                  "(the embedding / loss counted). Change pp_virtual.")
+        return
+    if vp > 1 and n % (pp * vp):
+        p.add(f"pp_virtual={vp}: the {n} layers of {model.id} do not split into pp x "
+              f"pp_virtual = {pp * vp} equal chunks (Megatron requires it). Choose pp_virtual "
+              "so that pp x pp_virtual divides the layers, or set pp_first_layers / "
+              "pp_last_layers.")

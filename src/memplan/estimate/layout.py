@@ -14,7 +14,7 @@ from ..model.spec import Component, ModelSpec, Split, Tensor
 from ..recipe import Recipe
 from .peft import FROZEN_BASE, Extra, adapted_roles, base_trains, model_extras, tensor_extras
 
-__all__ = ["Held", "Stage", "layout", "stage_layers"]
+__all__ = ["Held", "Stage", "layout", "stage_layers", "stages_of"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,15 +48,56 @@ class Stage:
         return max((sum(h.numel for h in u) for u in self.units), default=0)
 
 
-def stage_layers(num_layers: int, pp: int) -> list[range]:
-    """Split layers over ``pp`` stages as evenly as possible; earlier stages take the remainder."""
-    base, extra = divmod(num_layers, pp)
+def stage_layers(num_layers: int, pp: int, *, first: int = 0, last: int = 0,
+                 embedding: bool = False, loss: bool = False) -> list[range]:
+    """The layers of each of ``pp`` stages, in order.
+
+    - Default: as even as possible, earlier stages taking the remainder.
+    - ``first`` / ``last`` (Megatron ``--decoder-first/last-pipeline-num-layers``): those
+      stages hold that many, the others share the rest equally.
+    - ``embedding`` / ``loss`` (``--account-for-embedding/loss-in-pipeline-split``): the split
+      counts the embedding (output layer + loss) as one more layer, so every stage gets
+      ``(layers + embedding + loss) / pp`` and the first (last) stage builds one fewer.
+
+    Source: Megatron-Core ``megatron/core/transformer/transformer_block.py``
+    ``get_num_layers_to_build``. ``estimate.checks`` refuses the splits Megatron asserts on
+    (a remainder that does not divide); here a remainder goes to the earlier middle stages.
+    """
+    if pp == 1:
+        return [range(num_layers)]
+    if first or last:
+        set_ = [first or None, *([None] * (pp - 2)), last or None]
+        rest = num_layers - (first or 0) - (last or 0)
+        free = sum(1 for x in set_ if x is None)
+        base, extra = divmod(max(rest, 0), free) if free else (0, 0)
+        counts = []
+        for x in set_:
+            if x is None:
+                counts.append(base + (1 if extra > 0 else 0))
+                extra -= 1
+            else:
+                counts.append(x)
+    elif embedding or loss:
+        per = (num_layers + embedding + loss) // pp
+        counts = [per] * pp
+        counts[0] -= embedding
+        counts[-1] -= loss
+        counts[pp // 2] += num_layers - sum(counts)  # 0 when (layers + e + l) divides by pp
+    else:
+        base, extra = divmod(num_layers, pp)
+        counts = [base + (1 if s < extra else 0) for s in range(pp)]
     out, start = [], 0
-    for s in range(pp):
-        n = base + (1 if s < extra else 0)
-        out.append(range(start, start + n))
-        start += n
+    for n in counts:
+        out.append(range(start, start + max(n, 0)))
+        start += max(n, 0)
     return out
+
+
+def stages_of(num_layers: int, recipe: Recipe) -> list[range]:
+    """``stage_layers`` under the recipe's pipeline settings."""
+    par = recipe.parallelism
+    return stage_layers(num_layers, par.pp, first=par.pp_first_layers, last=par.pp_last_layers,
+                        embedding=par.pp_split_embedding, loss=par.pp_split_loss)
 
 
 def _extra(e: Extra) -> Held:
@@ -84,7 +125,8 @@ def layout(model: ModelSpec, recipe: Recipe,
     tp, ep and pp."""
     if memo is not None:
         par = recipe.parallelism
-        key = ("layout", recipe.method, par.tp, par.ep, par.pp)
+        key = ("layout", recipe.method, par.tp, par.ep, par.pp, par.pp_first_layers,
+               par.pp_last_layers, par.pp_split_embedding, par.pp_split_loss)
         if key not in memo:
             memo[key] = layout(model, recipe)
         return memo[key]  # type: ignore[return-value]
@@ -93,7 +135,7 @@ def layout(model: ModelSpec, recipe: Recipe,
     full = recipe.method.kind == "full"
     roles = adapted_roles(model, recipe)
     stages = []
-    ranges = stage_layers(n, recipe.parallelism.pp) if n else [range(0)] * recipe.parallelism.pp
+    ranges = stages_of(n, recipe) if n else [range(0)] * recipe.parallelism.pp
     for s, layers in enumerate(ranges):
         held: list[Held] = []
         first, last = s == 0, s == recipe.parallelism.pp - 1

@@ -65,6 +65,14 @@ def megatron_config(recipe: Recipe, model: ModelSpec | None) -> dict[str, Any]:
         tc["pipeline_dtype"] = dtype
     if par.pp_virtual > 1:
         tc["virtual_pipeline_model_parallel_size"] = par.pp_virtual
+    if par.pp_first_layers:
+        tc["num_layers_in_first_pipeline_stage"] = par.pp_first_layers
+    if par.pp_last_layers:
+        tc["num_layers_in_last_pipeline_stage"] = par.pp_last_layers
+    if par.pp_split_embedding:
+        tc["account_for_embedding_in_pipeline_split"] = True
+    if par.pp_split_loss:
+        tc["account_for_loss_in_pipeline_split"] = True
     ck = recipe.checkpointing
     if ck.kind == "full" and ck.checkpoint_every > 1:
         raise ConfigError([f"checkpoint_every={ck.checkpoint_every}: Megatron recomputes "
@@ -122,7 +130,11 @@ def read_text(text: str, where: str, hidden_size: int | None = None) -> Imported
              "cp": int(tc.get("context_parallel_size", 1)),
              "ep": int(tc.get("expert_model_parallel_size", 1)),
              "sequence_parallel": bool(tc.get("sequence_parallel", False)),
-             "pp_virtual": int(tc.get("virtual_pipeline_model_parallel_size") or 1)}
+             "pp_virtual": int(tc.get("virtual_pipeline_model_parallel_size") or 1),
+             "pp_first_layers": int(tc.get("num_layers_in_first_pipeline_stage") or 0),
+             "pp_last_layers": int(tc.get("num_layers_in_last_pipeline_stage") or 0),
+             "pp_split_embedding": bool(tc.get("account_for_embedding_in_pipeline_split")),
+             "pp_split_loss": bool(tc.get("account_for_loss_in_pipeline_split"))}
     bf16, fp16 = bool(tc.get("bf16", oc.get("bf16"))), bool(tc.get("fp16", oc.get("fp16")))
     keys["precision"] = ("fp8-mixed" if tc.get("fp8") else "bf16-mixed" if bf16
                          else "16-mixed" if fp16 else "32-true")
@@ -156,7 +168,9 @@ def read_text(text: str, where: str, hidden_size: int | None = None) -> Imported
         "expert_model_parallel_size", "sequence_parallel", "virtual_pipeline_model_parallel_size",
         "bf16", "fp16", "fp8", "params_dtype", "pipeline_dtype", "recompute_granularity",
         "recompute_method", "recompute_num_layers", "moe_expert_capacity_factor",
-        "moe_pad_expert_input_to_capacity")} | {f"TransformerConfig.{k}" for k in _SHAPE} | {
+        "moe_pad_expert_input_to_capacity", "num_layers_in_first_pipeline_stage",
+        "num_layers_in_last_pipeline_stage", "account_for_embedding_in_pipeline_split",
+        "account_for_loss_in_pipeline_split")} | {f"TransformerConfig.{k}" for k in _SHAPE} | {
         f"OptimizerConfig.{k}" for k in ("optimizer", "bf16", "fp16", "params_dtype",
                                           "use_distributed_optimizer", "optimizer_cpu_offload",
                                           "optimizer_offload_fraction")} | {

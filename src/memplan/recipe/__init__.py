@@ -167,6 +167,15 @@ class Recipe:
         if par.sequence_parallel and par.tp == 1:
             p.add("sequence_parallel needs tensor parallelism (tp > 1): it splits the sequence "
                   "over the TP ranks. Set tp or drop sequence_parallel.")
+        uneven = par.pp_first_layers or par.pp_last_layers
+        if (uneven or par.pp_split_embedding or par.pp_split_loss) and par.pp == 1:
+            p.add("pp_first_layers, pp_last_layers, pp_split_embedding and pp_split_loss shape "
+                  "the pipeline split and need pp > 1. Set pp or drop them.")
+        elif uneven and (par.pp_split_embedding or par.pp_split_loss):
+            p.add("pp_first_layers / pp_last_layers cannot be combined with pp_split_embedding "
+                  "/ pp_split_loss (Megatron-Core get_num_layers_to_build: 'Does not support "
+                  "standalone embedding stage and standalone loss stage with uneven pp'). Use "
+                  "one way of shaping the split.")
         if par.pp_virtual > 1 and par.pp == 1:
             p.add(f"pp_virtual={par.pp_virtual} needs pipeline parallelism (pp > 1): the "
                   "interleaved schedule splits each pipeline rank's layers into chunks.")

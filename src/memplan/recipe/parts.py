@@ -20,6 +20,7 @@ from ..model.spec import LORA_TARGETS
 from .check import check_part
 from .loop import Loop
 from .engine import Engine
+from .parallelism import Parallelism
 
 __all__ = [
     "PrecisionKind", "GradDtype", "FrozenDtype", "OptimizerKind", "MethodKind", "Quant", "AdapterDtype",
@@ -247,69 +248,6 @@ class Batch:
 
     def __post_init__(self) -> None:
         check_part(self)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Parallelism:
-    """How the job is split over GPUs. The data-parallel size is derived:
-    ``gpus / (tp * pp * cp)``."""
-
-    gpus: int = field(default=1, metadata={"min": 1, "max": 1_000_000})
-    """GPUs in the job (world size)."""
-    gpus_per_node: int = field(default=0, metadata={"min": 0})
-    """GPUs per node; 0 means min(gpus, 8) (or the --node preset's count)."""
-    zero: int = field(default=0, metadata={"min": 0, "max": 3})
-    """ZeRO stage over the data-parallel group: 0 (DDP), 1 (optimizer states sharded),
-    2 (+ gradients), 3 (+ parameters; FSDP full shard)."""
-    hybrid_shard: int = field(default=0, metadata={"min": 0})
-    """FSDP hybrid shard / ZeRO++ hpZ: shard within groups of this many ranks (0 = all of
-    DP)."""
-    tp: int = field(default=1, metadata={"min": 1})
-    """Tensor-parallel degree (Megatron column/row splits; must divide attention and kv
-    heads)."""
-    sequence_parallel: bool = False
-    """Megatron sequence parallelism: with tp > 1, norms, dropout and residual activations are
-    split over the TP ranks along the sequence (Korthikanti et al. 2022, arXiv 2205.05198,
-    §4.2.2)."""
-    pp: int = field(default=1, metadata={"min": 1})
-    """Pipeline-parallel stages."""
-    pp_virtual: int = field(default=1, metadata={"min": 1})
-    """Model chunks per pipeline rank (Megatron ``--num-layers-per-virtual-pipeline-stage``):
-    1 is the plain 1F1B schedule, more is the interleaved schedule (smaller bubble, more
-    activations in flight)."""
-    cp: int = field(default=1, metadata={"min": 1})
-    """Context-parallel degree (sequence split across ranks for attention)."""
-    ep: int = field(default=1, metadata={"min": 1})
-    """Expert-parallel degree (MoE experts split across ranks)."""
-    moe_capacity_factor: float = field(default=0.0, metadata={"min": 0, "max": 1024})
-    """MoE expert capacity as a multiple of the balanced share ``tokens x top_k / experts``,
-    inputs padded to it (GShard; Megatron ``--moe-expert-capacity-factor`` with
-    ``--moe-pad-expert-input-to-capacity``). 0: dropless, every routed token once."""
-
-    def __post_init__(self) -> None:
-        check_part(self)
-
-    @property
-    def dp(self) -> int:
-        """Data-parallel size: gpus / (tp * pp * cp)."""
-        return max(1, self.gpus // (self.tp * self.pp * self.cp))
-
-    @property
-    def shard_degree(self) -> int:
-        """Ranks over which ZeRO/FSDP shards dense states: dp*cp (Megatron shards the
-        distributed optimizer over DP x CP), or the hybrid-shard group size."""
-        return self.hybrid_shard or self.dp * self.cp
-
-    @property
-    def expert_shard_degree(self) -> int:
-        """Ranks over which ZeRO shards expert states: the expert-data-parallel size
-        dp*cp/ep."""
-        return max(1, self.shard_degree // self.ep)
-
-    @property
-    def local_gpus(self) -> int:
-        """GPUs on one node."""
-        return self.gpus_per_node or min(self.gpus, 8)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
