@@ -108,7 +108,8 @@ def _hold(model: ModelSpec, t: Tensor, recipe: Recipe, trainable: bool,
           roles: frozenset[str]) -> list[Held]:
     """``t`` as one rank holds it, plus what a PEFT method adds next to it (``peft.py``: LoRA
     A and B, DoRA's magnitude, IA3 vectors...)."""
-    numel = t.numel_per_rank(recipe.parallelism.tp, recipe.parallelism.ep)
+    par = recipe.parallelism
+    numel = t.numel_per_rank(par.tp_of(t.experts), par.ep)
     if recipe.method.kind in FROZEN_BASE:
         quantized = (recipe.method.kind == "qlora" and t.is_linear
                      and t.component not in (Component.HEAD, Component.EMBEDDING))
@@ -125,7 +126,7 @@ def layout(model: ModelSpec, recipe: Recipe,
     tp, ep and pp."""
     if memo is not None:
         par = recipe.parallelism
-        key = ("layout", recipe.method, par.tp, par.ep, par.pp, par.pp_first_layers,
+        key = ("layout", recipe.method, par.tp, par.ep, par.etp, par.pp, par.pp_first_layers,
                par.pp_last_layers, par.pp_split_embedding, par.pp_split_loss)
         if key not in memo:
             memo[key] = layout(model, recipe)

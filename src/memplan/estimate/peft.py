@@ -79,7 +79,7 @@ def tensor_extras(model: ModelSpec, t: Tensor, recipe: Recipe, roles: frozenset[
     if _saved_module(t, recipe):
         return [Extra(Tensor(name=t.name + " (modules_to_save copy)", shape=t.shape,
                              component=t.component, split=t.split),
-                      t.numel_per_rank(par.tp, par.ep), adapter=False)]
+                      t.numel_per_rank(par.tp_of(t.experts), par.ep), adapter=False)]
     if kind == "ln-tuning":
         if not ln_tuning_norm(model, t):
             return []
@@ -90,7 +90,7 @@ def tensor_extras(model: ModelSpec, t: Tensor, recipe: Recipe, roles: frozenset[
     if t.experts > 1 and kind not in ("lora", "qlora"):
         return []  # routed experts are 3-D parameters in transformers 5: no module to wrap
     out_f, in_f = t.shape[0], t.shape[-1]
-    r, tp = recipe.method.lora_rank, par.tp
+    r, tp = recipe.method.lora_rank, par.tp_of(t.experts)
     a_in = -(-in_f // tp) if t.split is Split.ROW else in_f
     b_out = -(-out_f // tp) if t.split in (Split.COLUMN, Split.VOCAB) else out_f
     e = -(-t.experts // par.ep) if t.experts > 1 else 1

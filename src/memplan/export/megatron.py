@@ -65,6 +65,8 @@ def megatron_config(recipe: Recipe, model: ModelSpec | None) -> dict[str, Any]:
         tc["pipeline_dtype"] = dtype
     if par.pp_virtual > 1:
         tc["virtual_pipeline_model_parallel_size"] = par.pp_virtual
+    if par.etp:
+        tc["expert_tensor_parallel_size"] = par.etp
     if par.pp_first_layers:
         tc["num_layers_in_first_pipeline_stage"] = par.pp_first_layers
     if par.pp_last_layers:
@@ -134,7 +136,8 @@ def read_text(text: str, where: str, hidden_size: int | None = None) -> Imported
              "pp_first_layers": int(tc.get("num_layers_in_first_pipeline_stage") or 0),
              "pp_last_layers": int(tc.get("num_layers_in_last_pipeline_stage") or 0),
              "pp_split_embedding": bool(tc.get("account_for_embedding_in_pipeline_split")),
-             "pp_split_loss": bool(tc.get("account_for_loss_in_pipeline_split"))}
+             "pp_split_loss": bool(tc.get("account_for_loss_in_pipeline_split")),
+             "etp": int(tc.get("expert_tensor_parallel_size") or 0)}
     bf16, fp16 = bool(tc.get("bf16", oc.get("bf16"))), bool(tc.get("fp16", oc.get("fp16")))
     keys["precision"] = ("fp8-mixed" if tc.get("fp8") else "bf16-mixed" if bf16
                          else "16-mixed" if fp16 else "32-true")
@@ -170,7 +173,7 @@ def read_text(text: str, where: str, hidden_size: int | None = None) -> Imported
         "recompute_method", "recompute_num_layers", "moe_expert_capacity_factor",
         "moe_pad_expert_input_to_capacity", "num_layers_in_first_pipeline_stage",
         "num_layers_in_last_pipeline_stage", "account_for_embedding_in_pipeline_split",
-        "account_for_loss_in_pipeline_split")} | {f"TransformerConfig.{k}" for k in _SHAPE} | {
+        "account_for_loss_in_pipeline_split", "expert_tensor_parallel_size")} | {f"TransformerConfig.{k}" for k in _SHAPE} | {
         f"OptimizerConfig.{k}" for k in ("optimizer", "bf16", "fp16", "params_dtype",
                                           "use_distributed_optimizer", "optimizer_cpu_offload",
                                           "optimizer_offload_fraction")} | {

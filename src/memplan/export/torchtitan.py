@@ -45,6 +45,13 @@ def job_config(recipe: Recipe) -> dict[str, dict[str, Any]]:
         else "never",
         "tensor_parallel_degree": par.tp, "pipeline_parallel_degree": par.pp,
         "context_parallel_degree": par.cp, "expert_parallel_degree": par.ep}
+    if par.ep > 1:  # torchtitan's default is 1 (experts not TP-split); memplan's is tp
+        if par.expert_tp not in (1, par.tp):
+            raise ConfigError([f"etp={par.etp}: torchtitan supports expert tensor parallelism "
+                               f"equal to tp ({par.tp}) or 1 (JobConfig.parallelism."
+                               "expert_tensor_parallel_degree); use one of them or export to "
+                               "megatron."])
+        parallelism["expert_tensor_parallel_degree"] = par.expert_tp
     ck = recipe.checkpointing
     ac = {"mode": str(ck.kind)}
     if ck.kind in ("selective", "op"):  # torchtitan has no attention-only policy: its per-op
@@ -79,6 +86,7 @@ _MODELLED = {"training.local_batch_size", "training.global_batch_size", "trainin
              "parallelism.data_parallel_shard_degree", "parallelism.fsdp_reshard_after_forward",
              "parallelism.tensor_parallel_degree", "parallelism.pipeline_parallel_degree",
              "parallelism.context_parallel_degree", "parallelism.expert_parallel_degree",
+             "parallelism.expert_tensor_parallel_degree",
              "activation_checkpoint.mode", "activation_checkpoint.selective_ac_option",
              "optimizer.name", "model.converters", "training.mixed_precision_reduce"}
 
@@ -105,6 +113,8 @@ def read_text(text: str, where: str, hidden_size: int | None = None) -> Imported
         if shard > 1 and rep > 1:
             keys["hybrid_shard"] = shard
     keys |= {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "sequence_parallel": tp > 1}
+    if ep > 1:  # torchtitan's default expert TP is 1 (JobConfig.parallelism)
+        keys["etp"] = int(par.get("expert_tensor_parallel_degree", 1))
     if str(par.get("fsdp_reshard_after_forward", "default")) == "never":
         keys["reshard_after_forward"] = False
     mb = int(tr.get("local_batch_size", 8))

@@ -73,7 +73,7 @@ def estimate_host(b: Breakdown, model: ModelSpec, recipe: Recipe, hw: NodeHardwa
     model_par = recipe.parallelism.tp * recipe.parallelism.pp
     shard = recipe.parallelism.shard_degree
     par = recipe.parallelism
-    largest = max(t.numel_per_rank(par.tp, par.ep) for t in model.tensors)
+    largest = max(t.numel_per_rank(par.tp_of(t.experts), par.ep) for t in model.tensors)
     lines: list[HostLine] = []
     notes: list[str] = []
 

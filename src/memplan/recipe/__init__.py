@@ -155,9 +155,12 @@ class Recipe:
         if par.gpus % model_parallel:
             p.add(f"gpus={par.gpus} is not divisible by tp*pp*cp={model_parallel}; "
                   "data parallelism needs whole replicas. Change gpus or the parallel degrees.")
-        elif (par.dp * par.cp) % par.ep:
-            p.add(f"ep={par.ep} must divide dp*cp={par.dp * par.cp} (experts are spread over "
-                  "data-parallel ranks, as in Megatron-Core). Lower ep or add GPUs.")
+        elif (par.tp * par.dp * par.cp) % (par.ep * par.expert_tp):
+            stage = par.tp * par.dp * par.cp
+            p.add(f"ep x etp = {par.ep} x {par.expert_tp} must divide the {stage} ranks of a "
+                  f"pipeline stage (tp x dp x cp = {par.tp} x {par.dp} x {par.cp}): "
+                  "Megatron-Core folds the expert groups over them. Lower ep or etp (etp=1 "
+                  "frees the tp ranks for ep), or add GPUs.")
         if par.hybrid_shard:
             if par.zero != 3:
                 p.add("hybrid_shard needs zero=3 (FSDP HYBRID_SHARD shards parameters).")

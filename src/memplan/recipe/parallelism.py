@@ -55,6 +55,11 @@ class Parallelism:
     """Context-parallel degree (sequence split across ranks for attention)."""
     ep: int = field(default=1, metadata={"min": 1})
     """Expert-parallel degree (MoE experts split across ranks)."""
+    etp: int = field(default=0, metadata={"min": 0})
+    """Expert tensor-parallel degree (Megatron ``--expert-tensor-parallel-size``): each
+    expert's weights split over this many ranks; 0 means tp, Megatron's default. With MoE
+    parallel folding the experts' ep x etp ranks are drawn from all tp x cp x dp ranks of a
+    stage, so ep need not divide dp x cp."""
     moe_capacity_factor: float = field(default=0.0, metadata={"min": 0, "max": 1024})
     """MoE expert capacity as a multiple of the balanced share ``tokens x top_k / experts``,
     inputs padded to it (GShard; Megatron ``--moe-expert-capacity-factor`` with
@@ -75,10 +80,22 @@ class Parallelism:
         return self.hybrid_shard or self.dp * self.cp
 
     @property
+    def expert_tp(self) -> int:
+        """The experts' tensor-parallel degree: ``etp``, or ``tp`` when it is 0."""
+        return self.etp or self.tp
+
+    def tp_of(self, experts: int) -> int:
+        """The TP degree a tensor is split by: ``expert_tp`` for routed experts, else ``tp``."""
+        return self.expert_tp if experts > 1 else self.tp
+
+    @property
     def expert_shard_degree(self) -> int:
-        """Ranks over which ZeRO shards expert states: the expert-data-parallel size
-        dp*cp/ep."""
-        return max(1, self.shard_degree // self.ep)
+        """Ranks over which ZeRO shards expert states: the expert-data-parallel size,
+        tp x cp x dp / (ep x etp) (Megatron-Core ``parallel_state``: the expert groups fold
+        over the stage's ranks; dp x cp / ep when etp = tp), or the hybrid group / ep."""
+        if self.hybrid_shard:
+            return max(1, self.hybrid_shard // self.ep)
+        return max(1, self.tp * self.dp * self.cp // (self.ep * self.expert_tp))
 
     @property
     def local_gpus(self) -> int:

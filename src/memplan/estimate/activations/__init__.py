@@ -63,7 +63,7 @@ def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
                head_trained="lm_head" in m.modules_to_save and m.kind != "full",
                adapter=int(dtype_bytes(recipe.method.adapter_dtype)),
                train_act=int(pbytes), loss=recipe.loss.kind,
-               sp=par.tp if par.sequence_parallel else 1,
+               sp=par.tp if par.sequence_parallel else 1, etp=par.expert_tp,
                capacity=float(par.moe_capacity_factor))
 
 

@@ -159,10 +159,19 @@ def _mla_attention(b: Blocks, y: Tensor, h: int, mla: Mla, heads: int, *, attent
 def _moe(b: Blocks, y: Tensor, h: int, ffn: Any, tp: int) -> Tensor:
     """Token-choice top-k MoE as in HF Mixtral/Qwen3-MoE: router logits (saved by softmax in
     fp32), top-k weights, each token's hidden state gathered per chosen expert (``index_select``
-    copies, k per token), the expert MLPs on their tokens, weighted and scattered back."""
+    copies, k per token), the expert MLPs on their tokens, weighted and scattered back.
+
+    Under sequence parallelism (Megatron, whose MoE layer requires it with TP) each rank routes
+    its own ``tokens / sp`` rows; after the expert-parallel all-to-all the expert-TP ranks
+    all-gather their routed rows, so every expert-TP rank runs its ``ffn / etp`` slice of the
+    experts on ``etp`` times the rows, and reduce-scatters the output (Megatron-Core
+    ``moe/token_dispatcher.py``, ``MoEAlltoAllTokenDispatcher.dispatch_postprocess``
+    ``gather_from_sequence_parallel_region(..., group=self.tp_group)``, the expert TP group).
+    Without it the TP ranks hold every row already and split the experts' ffn by tp."""
     c = b.c
     t, k, e = c.tokens // c.sp, max(1, ffn.top_k), ffn.num_experts  # local sequence shard
-    f = ffn.intermediate_size // tp
+    f = ffn.intermediate_size // c.etp
+    gather = c.etp if c.sp > 1 else 1
     logits = b.linear(y, h, e, tokens=t, always_recompute=True)
     probs = b.new(t * e, 4, logits.grad)
     b.g.op([logits], (probs,), [probs])
@@ -173,10 +182,19 @@ def _moe(b: Blocks, y: Tensor, h: int, ffn: Any, tp: int) -> Tensor:
         routed = math.ceil(c.capacity * t * k / e) * e
     xs = b.new(routed * h, y.itemsize, y.grad)
     b.g.op([y], (xs,))
+    if gather > 1:  # all-gather over the expert TP group
+        xg = b.new(routed * gather * h, y.itemsize, y.grad)
+        b.g.op([xs], (xg,), kind="comm")
+        xs, routed = xg, routed * gather
     gt = b.linear(xs, h, f, tokens=routed, role=("gate",))
     up = b.linear(xs, h, f, tokens=routed, role=("up",))
     act = b.unary(gt)
     out = b.linear(b.mul(act, up), f, h, tokens=routed, role=("down",))
+    if gather > 1:  # reduce-scatter back to this rank's routed rows
+        routed //= gather
+        local = b.new(routed * h, out.itemsize, out.grad)
+        b.g.op([out], (local,), kind="comm")
+        out = local
     weighted = b.mul(out, topw)
     res = b.new(t * h, weighted.itemsize, weighted.grad)
     b.g.op([weighted], (res,))
