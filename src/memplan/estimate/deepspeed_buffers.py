@@ -65,7 +65,9 @@ def deepspeed_buffer_lines(recipe: Recipe, dt: Dtypes, trainable: list[Held],
     z, off = recipe.parallelism.zero, str(recipe.offload.kind)
     if recipe.engine_kind != "deepspeed" or not trainable or z == 0:
         return []
-    host = {"nvme": Pool.NVME}.get(off, Pool.HOST)
+    # offload_optimizer makes ``self.device`` the host, for device: nvme too (stage3.py
+    # __init__: "... if not self.offload_optimizer else OffloadDeviceEnum.cpu")
+    host = Pool.HOST
     gb, pb = dtype_bytes(dt.grad), dtype_bytes(dt.param)
     out = []
     if z == 3:
