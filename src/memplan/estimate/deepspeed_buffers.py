@@ -2,7 +2,7 @@
 states themselves (issue #11 item 5: found live at the measured peak of ``memplan validate
 --nproc N``, validation/dist_nproc{2,4}.json).
 
-Source: DeepSpeed 0.19.8 (the version pinned in the validate extra),
+Source: DeepSpeed 0.19.8 (pinned in the `engines` extra of pyproject.toml),
 ``deepspeed/runtime/zero/stage_1_and_2.py`` (ZeRO-1/2) and ``deepspeed/runtime/zero/stage3.py``
 (ZeRO-3). Each size is a pure function of the partition size, the largest parameter and the
 dtype; no constant is fitted.
