@@ -53,11 +53,15 @@ def test_deepspeed_zero2(llama8b, h100):
 def test_deepspeed_zero2_offload(llama8b, h100):
     """ZeRO-2 + CPU offload: DeepSpeed GPU = 2P. Host: the offloaded fp32 grads, master and
     Adam states, 16P in total over the ranks; DeepSpeed's host formula P*max(4N,16)*1.5 adds the
-    fp32 model each rank builds at init and a 1.5 safety factor (host RAM is issue #5's scope)."""
+    fp32 model each rank builds at init and a 1.5 safety factor (host RAM is issue #5's scope).
+    Deliberate difference, measured on real runs (validate --nproc): the offload path's 16-bit
+    host buffers, a copy of the rank's parameter partition (2P over the ranks) and one buffer of
+    the largest parameter per rank (stage_1_and_2.py __init__, estimate/deepspeed_buffers.py)."""
     P = llama8b.num_params
+    largest = max(t.numel for t in llama8b.tensors)
     b = _run(llama8b, h100, zero=2, offload="optimizer")
     assert _gpu_bytes(b, STATES, Phase.OPTIMIZER) == 2 * P
-    assert _host_bytes(b) * N == pytest.approx(16 * P, abs=64 * N)
+    assert _host_bytes(b) * N == pytest.approx(16 * P + 2 * P + N * 2 * largest, abs=64 * N)
 
 
 def _ds3_kept(model) -> float:
@@ -108,8 +112,10 @@ def test_deepspeed_zero3_offload_all(llama8b, h100):
     workspaces = CUBLAS_HANDLES * cublas_workspace_bytes(h100)
     assert _model_state_peak(b) - workspaces == pytest.approx(6 * L + _ds3_kept(llama8b), abs=64)
     # Host holds 2 B params + 4 B fp32 grads + 4 B master + 8 B Adam = 18 B/param over the ranks
-    # (DeepSpeed's 18P/nodes before its 1.5 factor).
-    assert _host_bytes(b) * N == pytest.approx(18 * P, abs=64 * N)
+    # (DeepSpeed's 18P/nodes before its 1.5 factor), + 2 B of the 16-bit flat gradient partition
+    # that DeepSpeed's formula leaves out (stage3.py grad_partitions_flat_buffer, on the host
+    # under offload_optimizer; measured by validate --nproc).
+    assert _host_bytes(b) * N == pytest.approx(18 * P + 2 * P, abs=64 * N)
 
 
 def test_megatron_bytes_per_param(llama8b, h100):

@@ -17,6 +17,7 @@ from ..facts import Dtypes
 from ..facts.constants import constant
 from ..recipe import Recipe
 from ..units import dtype_bytes
+from .deepspeed_buffers import deepspeed_buffer_lines
 from .layout import Held, Stage
 from .lines import Line
 from .states import optimizer_state_bytes, quantized_bytes
@@ -116,12 +117,15 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
            if not recipe.loop.set_to_none else "")
     # torch gives a gradient its parameter's dtype: LoRA adapters keep the adapter dtype.
     grads = [(h, h.numel * (ab if h.adapter else gb)) for h in trainable]
+    # DeepSpeed ZeRO-3 reduces each gradient into a flat partition buffer made at init
+    # (deepspeed_buffers.py), which replaces the gradients that grow during the backward
+    flat_grads = z == 3 and recipe.engine_kind == "deepspeed"
     if off != "none" and z >= 2:
         add(Category.GRADIENTS, "fp32 gradient partition (offloaded)",
             [(h, h.numel * 4.0) for h in trainable], shard=True, pool=state_pool,
             formula="ZeRO-Offload copies each reduced gradient partition to pinned host memory "
             "in fp32 (Ren et al. 2021, arXiv 2101.06840, §4)")
-    else:
+    elif not flat_grads:
         add(Category.GRADIENTS, f"gradients{why}", grads, shard=z >= 2,
             phases=grad_phases, grows=not persistent, formula=f"trainable elements x {gb:g} B")
     if dt.master and z >= 1 and off == "none" and gb < 4:
@@ -157,6 +161,8 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
             shard=z >= 1, pool=state_pool,
             formula="4 B per trainable element (ZeRO paper, Rajbhandari et al. 2020, §3)")
 
+    items += deepspeed_buffer_lines(recipe, dt, trainable,
+                                    _sum([(h, float(h.numel)) for h in trainable], recipe, True))
     items += _comm_items(stage, recipe, dt, trainable)
     return items
 

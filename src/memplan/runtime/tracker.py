@@ -151,8 +151,13 @@ class StorageTracker(TorchDispatchMode):
     inputs made before the session.
     """
 
-    def __init__(self, *, before_op: Callable[[Any, Any], None] | None = None) -> None:
+    def __init__(self, *, before_op: Callable[[Any, Any], None] | None = None,
+                 real_only: bool = False) -> None:
         super().__init__()
+        self.real_only = real_only
+        """Skip storages on the ``meta`` device: they hold no memory (DeepSpeed keeps one
+        per parameter, ``round_robin_bit16_meta``). Off for fake-tensor tracing, whose
+        storages are all ``meta``."""
         self._uid_of: dict[int, int] = {}  # id(python storage object) -> uid of live allocation
         self._refs: dict[int, weakref.ref] = {}  # id(storage) -> weakref carrying the finalizer
         self.recs: dict[int, StorageRecord] = {}  # uid -> record (kept after the free, for replay)
@@ -173,12 +178,16 @@ class StorageTracker(TorchDispatchMode):
     # -- storage bookkeeping -------------------------------------------------------------
     def see(self, t: torch.Tensor) -> list[StorageRecord]:
         """The records of ``t``'s storages, registering those not seen yet as allocated now."""
-        return [self._see_storage(st) for st in storages(t)]
+        return [self._see_storage(st) for st in self._storages(t)]
+
+    def _storages(self, t: torch.Tensor) -> list[torch.UntypedStorage]:
+        out = storages(t)
+        return [st for st in out if st.device.type != "meta"] if self.real_only else out
 
     def see_before_step(self, tensors: list[torch.Tensor]) -> None:
         """Register storages of ``tensors`` not seen yet as existing before the open step (made
         before the session, or outside the dispatcher): no step allocated them."""
-        new = [st for t in tensors for st in storages(t) if id(st) not in self._uid_of]
+        new = [st for t in tensors for st in self._storages(t) if id(st) not in self._uid_of]
         if not new:
             return
         phase, window = self.phase, self.window

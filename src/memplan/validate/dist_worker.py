@@ -22,7 +22,11 @@ storages; the tracker keys storages, not tensors). Storages FSDP2 frees and re-a
 before a step that no op has touched yet (flat buffers, master copies) are found by a sweep of
 the garbage collector's objects at the step's start, so step 0 sees them from its first instant;
 ``gc.collect()`` runs first, so that garbage held by reference cycles (freed whenever Python's
-collector happens to run, at a different moment on each rank) is not counted.
+collector happens to run, at a different moment on each rank) is not counted. Storages on the
+``meta`` device are not counted: they hold no memory. DeepSpeed ZeRO-1/2 keeps a meta tensor of
+every parameter's shape (``round_robin_bit16_meta``, stage_1_and_2.py
+``DeepSpeedZeroOptimizer.__init__``, 0.19.8), which counting ``nbytes()`` took for a second
+16-bit copy of the model (1,115,392 B on the tiny Llama).
 """
 
 from __future__ import annotations
@@ -150,7 +154,7 @@ def _deepspeed(model: Any, cfg: dict[str, Any]) -> _Engine:
 def measure(eng: _Engine, batch: dict, steps: int, before: set[int]) -> list[dict[str, Any]]:
     """``steps`` training steps of ``eng`` under the storage tracker; one ``step_record`` each.
     Tensors whose ``id`` is in ``before`` (alive before the case was built) are not swept in."""
-    tracker = StorageTracker()
+    tracker = StorageTracker(real_only=True)
     labeller = ModuleLabeller(eng.module, tracker)
     owners = labeller.owner_of_tensor
     out = []
