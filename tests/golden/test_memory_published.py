@@ -104,7 +104,6 @@ R_NOT_PEAK = "not a per-GPU training peak (host RAM, calibration point, buffer s
 R_GRADE_C = "grade C: fit/no-fit evidence only"
 R_MODEL = "model not in memplan's catalog"
 R_COMPILE = "torch.compile (compile=1)"
-R_CHUNKED = "chunked cross-entropy (chunked_ce=1)"
 R_OIB = "optimizer in backward"
 R_OFFLOAD = "activation / other offload"
 R_HEAD_LORA = "LoRA adapters on lm_head / the embedding (not in Recipe.lora_targets)"
@@ -230,8 +229,6 @@ def _reasons(row: dict[str, str]) -> list[str]:
         out.append(R_MODEL)
     if row["compile"] == "1":
         out.append(R_COMPILE)
-    if row["chunked_ce"] == "1":
-        out.append(R_CHUNKED)
     if row["optimizer_in_backward"] == "1":
         out.append(R_OIB)
     if row["offload"] in ("activations", "other"):
@@ -275,6 +272,17 @@ def _loop(row: dict[str, str]) -> dict[str, object]:
         return {}
     impl = {"optimizer_impl": "for-loop"} if row["optimizer"] == "adamw" else {}
     return {"set_to_none": False, **impl}
+
+
+def _litgpt(row: dict[str, str]) -> dict[str, object]:
+    """litgpt's loss and loop for its chunked-CE rows (``chunked_ce=1``): finetune/lora.py
+    projects the head in 128-token chunks (``chunked-head``), finetune/full.py makes whole logits
+    and chunks the cross-entropy (``chunked-ce``; the row's notes say which); both keep
+    ``logits`` bound through the backward (``outputs="kept"``)."""
+    if row["chunked_ce"] != "1":
+        return {}
+    head = "lm_head computed in 128-token chunks" in row["notes"]
+    return {"loss": "chunked-head" if head else "chunked-ce", "outputs": "kept"}
 
 
 def _engine(row: dict[str, str]) -> str | None:
@@ -329,6 +337,7 @@ def _recipe(row: dict[str, str]) -> Recipe:
     if saved := _saved_modules(row):
         kw["modules_to_save"] = saved
     kw.update(_loop(row))
+    kw.update(_litgpt(row))
     if engine := _engine(row):
         kw["engine"] = engine
     r = Recipe.of(**kw)
@@ -508,6 +517,18 @@ XFAIL: dict[str, str] = {
 }
 """Row id -> measured error and a diagnosis that was measured or computed (the text says how;
 validation/ground_truth_gpu.md has the long form)."""
+_LITGPT_FULL = (
+    "litgpt full.py on 1 A10G, bf16-true, torch AdamW: parameters, gradients and AdamW's two "
+    "states are all bf16 (zeros_like), 8 B/param, so the model states alone are {states} GiB "
+    "(computed: {params}e9 x 8 B), above the published {value} GiB before any activation. The "
+    "source notes its 1xA10G and 4xA10G rows are often identical: the value is most likely "
+    "the 4-GPU FSDP run's. Data, not estimator.")
+XFAIL.update({
+    "GT102": "+43.8% (8.10 published, 11.65-12.22 predicted). " + _LITGPT_FULL.format(
+        states="9.24", params="1.24", value="8.10"),
+    "GT105": "+95.4% (15.38 published, 30.06-30.43 predicted). " + _LITGPT_FULL.format(
+        states="23.92", params="3.21", value="15.38"),
+})
 
 
 MISSES: dict[str, str] = {
@@ -542,6 +563,13 @@ MISSES: dict[str, str] = {
 candidates). They are not xfails: the accuracy table and README count them as misses, and
 ``test_unexplained_misses_still_miss`` fails when one starts to pass, so the list stays true."""
 
+_LITGPT_QLORA = (
+    "litgpt QLoRA (finetune/lora.py --quantize bnb.nf4): every QLoRA row is 27-37% low while "
+    "the LoRA rows of the same models and loss pass (GT093/095/097 within 2.3%); the missing "
+    "2-4.4 GiB is not proportional to the batch. Candidates: the load (fabric.init_module("
+    "empty_init=False) builds the model on the GPU under BitsandbytesPrecision, then "
+    "load_checkpoint quantises the checkpoint's bf16 weights again) and bitsandbytes' paged "
+    "AdamW; not measured.")
 _QWEN_LOW = (
     "Qwen-1 profiling sweep: every one of the 57 bf16 LoRA / full Qwen rows is below the published value "
     "(median -9.4%), most inside the B tolerance. The gap is nearly flat in seq_len (~2-3 "
@@ -571,6 +599,11 @@ MISSES.update({
     "GT172": "-24.0% (43.50 published, 31.11-33.06 predicted). " + _QWEN_DS,
     "GT173": "-24.0% (43.50 published, 31.11-33.06 predicted). " + _QWEN_DS,
     "GT174": "-21.6% (47.10 published, 34.78-36.91 predicted). " + _QWEN_DS,
+    "GT094": "-26.9% (12.74 published, 5.40-9.31 predicted). " + _LITGPT_QLORA,
+    "GT096": "-27.0% (16.21 published, 7.34-11.84 predicted). " + _LITGPT_QLORA,
+    "GT098": "-26.6% (13.31 published, 5.69-9.77 predicted). " + _LITGPT_QLORA,
+    "GT104": "-36.7% (5.15 published, 1.65-3.26 predicted). " + _LITGPT_QLORA,
+    "GT107": "-35.4% (9.59 published, 3.34-6.20 predicted). " + _LITGPT_QLORA,
 })
 
 if CSV_PATH.is_file():

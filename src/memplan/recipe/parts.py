@@ -117,6 +117,8 @@ class LossKind(StrEnum):
     STANDARD = "standard"
     CHUNKED = "chunked"
     FUSED = "fused"
+    CHUNKED_HEAD = "chunked-head"
+    CHUNKED_CE = "chunked-ce"
 
 
 class OffloadKind(StrEnum):
@@ -368,7 +370,12 @@ class Loss:
     """Cross-entropy of causal LMs: ``standard`` (HF ``ForCausalLMLoss``: full fp32 logits),
     ``chunked`` (torchtune ``CEWithChunkedOutputLoss``: output projection and fp32 upcast in 8
     sequence chunks), ``fused`` (Liger ``LigerFusedLinearCrossEntropyLoss``: logits never
-    materialised, gradients computed in the forward)."""
+    materialised, gradients computed in the forward), ``chunked-head`` (litgpt
+    ``finetune/lora.py``: ``model(input_ids, lm_head_chunk_size=128)`` and
+    ``chunked_cross_entropy``: output projection and cross-entropy per 128 tokens, in the
+    logits' dtype, no fp32 upcast), ``chunked-ce`` (litgpt ``finetune/full.py``: whole logits,
+    ``chunked_cross_entropy`` over 128-row chunks in the logits' dtype). litgpt's loops hold
+    the logits through the backward: pair both with ``outputs = "kept"``."""
 
     def __post_init__(self) -> None:
         check_part(self)

@@ -21,6 +21,8 @@ harness        the run
                every other ``LoraConfig`` field at PEFT's default; the other PEFT methods
                with their own config (``runtime.peft_methods.peft_config``); LoRA-FA with
                ``peft.optimizers.create_lorafa_optimizer``
+               (``plain`` and ``peft`` with ``loss = "chunked-head" | "chunked-ce"``: litgpt's
+               loss and loop, ``_litgpt_step``)
 ``torchtune``  torchtune 0.6.1's builders, ``CEWithChunkedOutputLoss`` and the step of its
                single-device recipes (``torchtune_harness.py``)
 =============  ==========================================================================
@@ -129,20 +131,53 @@ def _tracker(model: Any, *external: Any) -> Any:
     return mt
 
 
+def _litgpt_step(model: Any, batch: dict[str, Any], kind: str) -> tuple[Any, Any]:
+    """litgpt's loss on a transformers model (``estimate/activations/litgpt_loss.py`` cites the
+    source): the decoder's last hidden state, ``lm_head`` on 128-token chunks
+    (``chunked-head``) or whole (``chunked-ce``), then ``litgpt.utils.chunked_cross_entropy``.
+    Returns ``(logits, loss)``: the loop keeps ``logits`` bound, as litgpt's does."""
+    import torch
+    import torch.nn.functional as F
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    ids, targets = batch["input_ids"], batch["labels"][..., 1:]
+    x = base.get_decoder()(input_ids=ids).last_hidden_state
+    head = base.get_output_embeddings()
+    if kind == "chunked-head":
+        # head.forward, not head(...): MemTracker refuses a module called twice in one step
+        logits = [head.forward(x_i) for x_i in x.split(128, dim=1)]
+        logits[-1] = logits[-1][..., :-1, :]
+        chunks = [lc.reshape(-1, lc.size(-1)) for lc in logits]
+        tchunks = [tc.reshape(-1) for tc in targets.split(logits[0].size(1), dim=1)]
+    else:
+        logits = head(x)
+        flat = logits[..., :-1, :].reshape(-1, logits.size(-1))
+        chunks, tchunks = flat.split(128), targets.reshape(-1).split(128)
+    parts = [F.cross_entropy(lc, tc, reduction="none") for lc, tc in zip(chunks, tchunks)]
+    n = (targets != -100).sum()
+    return logits, torch.cat(parts).sum() / n.maximum(torch.ones_like(n))
+
+
 def _plain(model: Any, recipe: Recipe, opt: Any = None) -> int:
     import torch
     params = [p for p in model.parameters() if p.requires_grad]
     opt = opt if opt is not None else torch.optim.AdamW(params, lr=1e-4)
     batch = _batch(recipe, model.config.vocab_size)
+    kind = _k(recipe)["loss"]
     mt = _tracker(model, opt)
+    logits = None
     with mt:
         for _ in range(_STEPS):
             mt.reset_mod_stats()
             with _autocast(recipe):
-                loss = model(**batch).loss
+                if kind in ("chunked-head", "chunked-ce"):
+                    logits, loss = _litgpt_step(model, batch, kind)
+                else:
+                    loss = model(**batch).loss
             loss.backward()
             opt.step()
             opt.zero_grad()
+    del logits
     return _peak(mt)
 
 
