@@ -106,7 +106,7 @@ R_MODEL = "model not in memplan's catalog"
 R_COMPILE = "torch.compile (compile=1)"
 R_OIB = "optimizer in backward"
 R_OFFLOAD = "activation / other offload"
-R_HEAD_LORA = "LoRA adapters on lm_head / the embedding (not in Recipe.lora_targets)"
+R_HEAD_LORA = "LoRA adapters on the embedding (not in Recipe.lora_targets)"
 R_UNSTATED = "settings not published (empty cell)"
 R_FP32_FROZEN = "FSDP keeps the frozen base in fp32 (memplan's -mixed stores frozen weights 16-bit)"
 R_COVERED = "covered by tests/golden/test_weights_only.py"
@@ -234,7 +234,7 @@ def _reasons(row: dict[str, str]) -> list[str]:
     if row["offload"] in ("activations", "other"):
         out.append(R_OFFLOAD)
     targets = set(row["lora_targets"].split(",")) - {""}
-    if targets & {"lm_head", "embed"} or ("LoRA (emb)" in row["notes"]
+    if "embed" in targets or ("LoRA (emb)" in row["notes"]
                                            and not _saved_modules(row)):
         out.append(R_HEAD_LORA)
     needed = ["precision", "optimizer", "micro_batch", "seq_len", "checkpointing", "num_gpus",
@@ -604,6 +604,14 @@ MISSES.update({
     "GT098": "-26.6% (13.31 published, 5.69-9.77 predicted). " + _LITGPT_QLORA,
     "GT104": "-36.7% (5.15 published, 1.65-3.26 predicted). " + _LITGPT_QLORA,
     "GT107": "-35.4% (9.59 published, 3.34-6.20 predicted). " + _LITGPT_QLORA,
+    "GT101": "-13.4% (15.12 published, 4.21-13.10 predicted; LoRA on lm_head too). "
+             + _LITGPT_QLORA,
+    "GT099": "-20.9% (13.13 published, 10.29-10.38 predicted). litgpt full.py, TinyLlama 1.1B "
+             "bf16-true, torch AdamW, micro-batch 4 x 512 (config_hub/finetune/tiny-llama/"
+             "full.yaml: global_batch_size 32, so 8 accumulation steps, not in the row). The "
+             "model states are 8.2 GiB (1.1e9 x 8 B); the 2.8 GiB missing is not explained by "
+             "the accumulation or the logits (0.12 GiB). Unlike GT102/GT105 (above even the "
+             "states) this row is above the estimate; not measured.",
 })
 
 if CSV_PATH.is_file():

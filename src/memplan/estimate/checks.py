@@ -73,6 +73,11 @@ def check_compatible(model: ModelSpec, recipe: Recipe) -> None:
             p.add(f"LoRA target(s) {','.join(missing)} do not exist in {model.id} (it has "
                   f"{','.join(t for t in ('q', 'k', 'v', 'o', 'gate', 'up', 'down') if t in have)}"
                   "). Remove them from lora_targets.")
+    if recipe.method.kind in LORA_LIKE and "lm_head" in recipe.method.lora_targets and \
+            recipe.loss.kind in ("chunked", "fused"):
+        p.add(f"lora_targets with lm_head and loss={recipe.loss.kind}: an adapter inside the "
+              "chunked or fused output projection is not modelled. Use loss=standard, "
+              "chunked-head or chunked-ce, or drop lm_head from lora_targets.")
     if recipe.method.kind == "freeze" and recipe.method.freeze_trainable_layers > model.num_layers:
         p.add(f"freeze_trainable_layers={recipe.method.freeze_trainable_layers} exceeds the "
               f"{model.num_layers} layers of {model.id}.")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from ..errors import ConfigError
-from ..model.spec import LORA_TARGETS
+from ..model.spec import LORA_HEAD, LORA_TARGETS
 from .check import check_part
 from .loop import Loop
 from .engine import Engine
@@ -187,10 +187,11 @@ class Method:
     """LoRA rank r: each adapted linear (out x in) gains r x (in + out) trainable parameters."""
     lora_alpha: int = 32
     """LoRA scaling numerator; recorded for completeness, it does not change memory."""
-    lora_targets: tuple[str, ...] = field(default=LORA_TARGETS,
-                                          metadata={"choices": LORA_TARGETS})
+    lora_targets: tuple[str, ...] = field(default=LORA_TARGETS, metadata={
+        "choices": LORA_TARGETS + (LORA_HEAD,), "all": LORA_TARGETS})
     """Which linears get adapters: comma list of ``q,k,v,o,gate,up,down`` (``all-linear`` =
-    all)."""
+    all of them), plus ``lm_head`` for the untied output layer (torchtune
+    ``apply_lora_to_output``, litgpt ``lora_head``; not part of ``all-linear``, as in PEFT)."""
     modules_to_save: tuple[str, ...] = field(default=(), metadata={
         "choices": ("embed", "lm_head"), "empty": True})
     """With a PEFT method: whole modules that train next to the adapters, PEFT's

@@ -17,12 +17,13 @@ harness        the run
                ``accelerator.backward``
 ``trainer``    ``transformers.Trainer`` with ``TrainingArguments(use_cpu=True, ...)``: its default
                optimizer (``adamw_torch_fused``) and gradient clipping (``max_grad_norm=1``)
-``peft``       the plain loop on ``get_peft_model(model, LoraConfig(r, target_modules))``,
+``peft``       the plain loop on ``get_peft_model(model, LoraConfig(r, target_modules))``
+               (``lm_head`` in the targets: the named linears plus ``"lm_head"``),
                every other ``LoraConfig`` field at PEFT's default; the other PEFT methods
                with their own config (``runtime.peft_methods.peft_config``); LoRA-FA with
                ``peft.optimizers.create_lorafa_optimizer``
                (``plain`` and ``peft`` with ``loss = "chunked-head" | "chunked-ce"``: litgpt's
-               loss and loop, ``_litgpt_step``)
+               loss and loop, ``_litgpt``)
 ``torchtune``  torchtune 0.6.1's builders, ``CEWithChunkedOutputLoss`` and the step of its
                single-device recipes (``torchtune_harness.py``)
 =============  ==========================================================================
@@ -47,7 +48,7 @@ import warnings
 from typing import Any
 
 from ..errors import ConfigError
-from ..model.spec import LORA_TARGETS
+from ..model.spec import LORA_HEAD, LORA_TARGETS
 from ..recipe import Recipe
 
 __all__ = ["HARNESSES", "FRAMEWORK_HARNESSES", "measure_with_harness"]
@@ -131,31 +132,39 @@ def _tracker(model: Any, *external: Any) -> Any:
     return mt
 
 
-def _litgpt_step(model: Any, batch: dict[str, Any], kind: str) -> tuple[Any, Any]:
-    """litgpt's loss on a transformers model (``estimate/activations/litgpt_loss.py`` cites the
-    source): the decoder's last hidden state, ``lm_head`` on 128-token chunks
-    (``chunked-head``) or whole (``chunked-ce``), then ``litgpt.utils.chunked_cross_entropy``.
-    Returns ``(logits, loss)``: the loop keeps ``logits`` bound, as litgpt's does."""
+def _litgpt(model: Any, kind: str) -> Any:
+    """litgpt's forward and loss on a transformers model (``estimate/activations/litgpt_loss.py``
+    cites the source), as a module whose ``forward(batch)`` returns ``(logits, loss)``: the
+    decoder's last hidden state, ``lm_head`` on 128-token chunks (``chunked-head``) or whole
+    (``chunked-ce``), then ``litgpt.utils.chunked_cross_entropy``. A module, so MemTracker sees
+    the head's calls inside one root call (it refuses a root module called twice per step)."""
     import torch
     import torch.nn.functional as F
 
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    ids, targets = batch["input_ids"], batch["labels"][..., 1:]
-    x = base.get_decoder()(input_ids=ids).last_hidden_state
-    head = base.get_output_embeddings()
-    if kind == "chunked-head":
-        # head.forward, not head(...): MemTracker refuses a module called twice in one step
-        logits = [head.forward(x_i) for x_i in x.split(128, dim=1)]
-        logits[-1] = logits[-1][..., :-1, :]
-        chunks = [lc.reshape(-1, lc.size(-1)) for lc in logits]
-        tchunks = [tc.reshape(-1) for tc in targets.split(logits[0].size(1), dim=1)]
-    else:
-        logits = head(x)
-        flat = logits[..., :-1, :].reshape(-1, logits.size(-1))
-        chunks, tchunks = flat.split(128), targets.reshape(-1).split(128)
-    parts = [F.cross_entropy(lc, tc, reduction="none") for lc, tc in zip(chunks, tchunks)]
-    n = (targets != -100).sum()
-    return logits, torch.cat(parts).sum() / n.maximum(torch.ones_like(n))
+    class Litgpt(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, batch: dict[str, Any]) -> tuple[Any, Any]:
+            base = model.get_base_model() if hasattr(model, "get_base_model") else model
+            ids, targets = batch["input_ids"], batch["labels"][..., 1:]
+            x = base.get_decoder()(input_ids=ids).last_hidden_state
+            head = base.get_output_embeddings()
+            if kind == "chunked-head":
+                logits = [head(x_i) for x_i in x.split(128, dim=1)]
+                logits[-1] = logits[-1][..., :-1, :]
+                chunks = [lc.reshape(-1, lc.size(-1)) for lc in logits]
+                tchunks = [tc.reshape(-1) for tc in targets.split(logits[0].size(1), dim=1)]
+            else:
+                logits = head(x)
+                flat = logits[..., :-1, :].reshape(-1, logits.size(-1))
+                chunks, tchunks = flat.split(128), targets.reshape(-1).split(128)
+            parts = [F.cross_entropy(lc, tc, reduction="none") for lc, tc in zip(chunks, tchunks)]
+            n = (targets != -100).sum()
+            return logits, torch.cat(parts).sum() / n.maximum(torch.ones_like(n))
+
+    return Litgpt()
 
 
 def _plain(model: Any, recipe: Recipe, opt: Any = None) -> int:
@@ -164,14 +173,15 @@ def _plain(model: Any, recipe: Recipe, opt: Any = None) -> int:
     opt = opt if opt is not None else torch.optim.AdamW(params, lr=1e-4)
     batch = _batch(recipe, model.config.vocab_size)
     kind = _k(recipe)["loss"]
-    mt = _tracker(model, opt)
+    litgpt = _litgpt(model, kind) if kind in ("chunked-head", "chunked-ce") else None
+    mt = _tracker(litgpt or model, opt)
     logits = None
     with mt:
         for _ in range(_STEPS):
             mt.reset_mod_stats()
             with _autocast(recipe):
-                if kind in ("chunked-head", "chunked-ce"):
-                    logits, loss = _litgpt_step(model, batch, kind)
+                if litgpt is not None:  # litgpt's loop keeps `logits` bound
+                    logits, loss = litgpt(batch)
                 else:
                     loss = model(**batch).loss
             loss.backward()
@@ -252,9 +262,18 @@ def _peft(model: Any, recipe: Recipe, config_path: str = "") -> int:
         return _plain(model, recipe, opt)
     # "all-linear" when the recipe adapts every projection; otherwise PEFT's own default for
     # the architecture (q_proj, v_proj for Llama and Qwen2), which the case must name.
-    every = set(_k(recipe)["lora_targets"]) == set(LORA_TARGETS)
-    model = peft.get_peft_model(model, peft.LoraConfig(
-        r=_k(recipe)["lora_rank"], target_modules="all-linear" if every else None))
+    # With lm_head (LoRA on the output layer), the modules are named: the model's linears of
+    # the other roles (memplan's names, PEFT matches by suffix) and "lm_head".
+    roles = set(_k(recipe)["lora_targets"])
+    every = roles == set(LORA_TARGETS)
+    targets: Any = "all-linear" if every else None
+    if LORA_HEAD in roles:
+        from ..model import load_model
+        from ..model.peft_targets import target_modules
+
+        targets = target_modules(load_model(config_path), roles - {LORA_HEAD}) + [LORA_HEAD]
+    model = peft.get_peft_model(model, peft.LoraConfig(r=_k(recipe)["lora_rank"],
+                                                       target_modules=targets))
     return _plain(model, recipe)
 
 

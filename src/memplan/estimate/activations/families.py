@@ -374,8 +374,8 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
                 b.fused_lm_loss(x, h, V // tp, trained=ctx.trained or ctx.head_trained)
             return g
         head_bias = not tr.causal or any(t.name == "lm_head.bias" for t in spec.head)
-        logits = b.linear(x, h, V // tp, trained=ctx.trained or ctx.head_trained,
-                          bias=head_bias)
+        logits = b.linear(x, h, V // tp, trained=head_trained, bias=head_bias,
+                          role=("lm_head",))
         g.region = "loss"
         if ctx.loss == "chunked-ce" and tr.causal:
             litgpt_loss.chunked_ce_loss(b, logits, V // tp)

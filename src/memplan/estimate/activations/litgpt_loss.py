@@ -71,13 +71,16 @@ def chunked_head_loss(b: Blocks, x: Tensor, h: int, vocab: int, *, trained: bool
     parts = []
     for i in range(n):
         rows = c.batch * min(CHUNK, c.seq - i * CHUNK)
+        # the list holds the chunk's logits: the base output itself, or the adapter's sum
         y = b.new(rows * vocab, c.half if c.amp else c.act, grad=trained or x.grad or adapted,
-                  keep=True)
+                  keep=not adapted)
         saves = ([xin] if trained else []) + ([w] if w is not None and xin.grad else [])
         b.g.op([xin] + ([w] if w is not None else []), (y,), saves, grads=(xin,),
                params=pg if i == n - 1 else (), kind="mm")
-        if adapted:
-            y = peft_ops.adapt(b, x, y, h, vocab, rows)
+        if adapted:  # the adapter sees the chunk (a view of x): its casts are chunk-sized
+            xc = Tensor(rows * h * x.itemsize, x.itemsize, x.grad, external=True)
+            b.g.op([x], (xc,))
+            y = peft_ops.adapt(b, xc, y, h, vocab, rows)
             y.keep = True
         if i == n - 1 and c.batch > 1:  # logits[-1][..., :-1, :].reshape(-1, V): a copy
             y = b.copy(y, (rows - c.batch) / rows)
