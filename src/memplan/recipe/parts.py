@@ -164,6 +164,11 @@ class Optimizer:
     (torch's default for the device: foreach on CUDA, the for-loop on CPU; DeepSpeed and
     Megatron step their own fused Adam), ``foreach`` (one state-sized temporary of every
     tensor at once), ``for-loop`` (temporaries of one tensor at a time), ``fused`` (none)."""
+    in_backward: bool = field(default=False, metadata=_key("optimizer_in_backward"))
+    """Step each parameter as soon as its gradient is accumulated and free that gradient
+    (torchtune ``optimizer_in_bwd``: one optimizer per parameter, stepped and zeroed in a
+    ``register_post_accumulate_grad_hook``), so at most one parameter's gradient and step
+    temporaries exist at a time. Single device, no gradient accumulation."""
 
     def __post_init__(self) -> None:
         check_part(self)

@@ -12,7 +12,8 @@ CPU included):
 harness        the run
 =============  ==========================================================================
 ``plain``      a PyTorch loop: ``torch.optim.AdamW`` (its default implementation),
-               ``torch.autocast`` for ``*-mixed``, ``gradient_checkpointing_enable()``
+               ``torch.autocast`` for ``*-mixed``, ``gradient_checkpointing_enable()``;
+               ``optimizer_in_backward``: torchtune's per-parameter hooks (``_InBackward``)
 ``accelerate`` ``Accelerator(cpu=True, mixed_precision=...)``, ``prepare``,
                ``accelerator.backward``
 ``trainer``    ``transformers.Trainer`` with ``TrainingArguments(use_cpu=True, ...)``: its default
@@ -167,14 +168,41 @@ def _litgpt(model: Any, kind: str) -> Any:
     return Litgpt()
 
 
+class _InBackward:
+    """torchtune's optimizer in backward (``training/_memory.py``: ``OptimizerInBackwardWrapper``
+    and ``register_optim_in_bwd_hooks``): one ``AdamW`` per parameter, stepped and zeroed by the
+    parameter's ``register_post_accumulate_grad_hook``; ``step``/``zero_grad`` do nothing."""
+
+    def __init__(self, params: list[Any]) -> None:
+        import torch
+
+        self.optims = {p: torch.optim.AdamW([p], lr=1e-4) for p in params}
+
+        def hook(p: Any) -> None:
+            self.optims[p].step()
+            self.optims[p].zero_grad()
+
+        for p in params:
+            p.register_post_accumulate_grad_hook(hook)
+
+    def step(self) -> None:
+        return None
+
+    def zero_grad(self) -> None:
+        return None
+
+
 def _plain(model: Any, recipe: Recipe, opt: Any = None) -> int:
     import torch
     params = [p for p in model.parameters() if p.requires_grad]
+    if _k(recipe)["optimizer_in_backward"]:
+        opt = _InBackward(params)
     opt = opt if opt is not None else torch.optim.AdamW(params, lr=1e-4)
     batch = _batch(recipe, model.config.vocab_size)
     kind = _k(recipe)["loss"]
     litgpt = _litgpt(model, kind) if kind in ("chunked-head", "chunked-ce") else None
-    mt = _tracker(litgpt or model, opt)
+    external = list(opt.optims.values()) if isinstance(opt, _InBackward) else [opt]
+    mt = _tracker(litgpt or model, *external)
     logits = None
     with mt:
         for _ in range(_STEPS):
