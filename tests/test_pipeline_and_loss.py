@@ -94,3 +94,21 @@ def test_moe_capacity_factor_pads_expert_inputs():
     assert peak(1.0) == peak(0.0) < peak(1.25)
     with pytest.raises(ConfigError, match="moe_capacity_factor"):
         Recipe.of(moe_capacity_factor=-1)
+
+
+def test_litgpt_losses_keep_16_bit_log_probs():
+    """litgpt's chunked cross-entropy (``chunked-head``, ``chunked-ce``) runs ``log_softmax`` on
+    the bf16 logits: under bf16-true it saves 2 B per logit where the standard loss's
+    ``logits.float()`` saves 4 B (and its fp32 copy is a temporary beside them). Llama-3.2-1B,
+    2 x 4096 tokens: one bf16 B x S x V tensor is 1.96 GiB."""
+    spec = load_model("meta-llama/Llama-3.2-1B")
+    peak = {loss: estimate(spec, Recipe.of(micro_batch=2, seq_len=4096, loss=loss,
+                                           precision="bf16-true", outputs="kept"), H100,
+                           search_micro_batch=False).worst.peak_allocated_bytes
+            for loss in ("standard", "chunked-head", "chunked-ce")}
+    bf16_logits = 2 * 4096 * spec.vocab_size * 2
+    assert peak["standard"] - peak["chunked-head"] > 1.5 * bf16_logits
+    # chunked-ce makes the whole logits before chunking: between the two
+    assert peak["chunked-head"] < peak["chunked-ce"] < peak["standard"]
+    with pytest.raises(ConfigError, match="loss"):
+        Recipe.of(loss="chunked-lm")

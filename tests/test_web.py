@@ -56,7 +56,7 @@ def test_field_help_comes_from_the_recipe_docstrings():
     by_name = {s.name: s for s in recipe_fields()}
     assert "Tokens per sequence" in by_name["seq_len"].help
     assert by_name["zero"].minimum == 0 and by_name["zero"].maximum == 3
-    assert by_name["loss"].choices == ("standard", "chunked", "fused")
+    assert by_name["loss"].choices == ("standard", "chunked", "fused", "chunked-head", "chunked-ce")
 
 
 def test_live_update_returns_the_fragment_and_the_url(client):

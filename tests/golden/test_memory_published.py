@@ -104,10 +104,8 @@ R_NOT_PEAK = "not a per-GPU training peak (host RAM, calibration point, buffer s
 R_GRADE_C = "grade C: fit/no-fit evidence only"
 R_MODEL = "model not in memplan's catalog"
 R_COMPILE = "torch.compile (compile=1)"
-R_CHUNKED = "chunked cross-entropy (chunked_ce=1)"
-R_OIB = "optimizer in backward"
 R_OFFLOAD = "activation / other offload"
-R_HEAD_LORA = "LoRA adapters on lm_head / the embedding (not in Recipe.lora_targets)"
+R_HEAD_LORA = "LoRA adapters on the embedding (not in Recipe.lora_targets)"
 R_UNSTATED = "settings not published (empty cell)"
 R_COVERED = "covered by tests/golden/test_weights_only.py"
 R_COVERED_MISS = ("covered by tests/golden/test_weights_only.py, where it is a miss (cause not "
@@ -231,14 +229,10 @@ def _reasons(row: dict[str, str]) -> list[str]:
         out.append(R_MODEL)
     if row["compile"] == "1":
         out.append(R_COMPILE)
-    if row["chunked_ce"] == "1":
-        out.append(R_CHUNKED)
-    if row["optimizer_in_backward"] == "1":
-        out.append(R_OIB)
     if row["offload"] in ("activations", "other"):
         out.append(R_OFFLOAD)
     targets = set(row["lora_targets"].split(",")) - {""}
-    if targets & {"lm_head", "embed"} or ("LoRA (emb)" in row["notes"]
+    if "embed" in targets or ("LoRA (emb)" in row["notes"]
                                            and not _saved_modules(row)):
         out.append(R_HEAD_LORA)
     needed = ["precision", "optimizer", "micro_batch", "seq_len", "checkpointing", "num_gpus",
@@ -275,6 +269,17 @@ def _loop(row: dict[str, str]) -> dict[str, object]:
         return {}
     impl = {"optimizer_impl": "for-loop"} if row["optimizer"] == "adamw" else {}
     return {"set_to_none": False, **impl}
+
+
+def _litgpt(row: dict[str, str]) -> dict[str, object]:
+    """litgpt's loss and loop for its chunked-CE rows (``chunked_ce=1``): finetune/lora.py
+    projects the head in 128-token chunks (``chunked-head``), finetune/full.py makes whole logits
+    and chunks the cross-entropy (``chunked-ce``; the row's notes say which); both keep
+    ``logits`` bound through the backward (``outputs="kept"``)."""
+    if row["chunked_ce"] != "1":
+        return {}
+    head = "lm_head computed in 128-token chunks" in row["notes"]
+    return {"loss": "chunked-head" if head else "chunked-ce", "outputs": "kept"}
 
 
 def _engine(row: dict[str, str]) -> str | None:
@@ -329,6 +334,9 @@ def _recipe(row: dict[str, str]) -> Recipe:
     if saved := _saved_modules(row):
         kw["modules_to_save"] = saved
     kw.update(_loop(row))
+    kw.update(_litgpt(row))
+    if row["optimizer_in_backward"] == "1":
+        kw["optimizer_in_backward"] = True
     if engine := _engine(row):
         kw["engine"] = engine
     if "model loaded in fp32" in row["notes"] and engine in ("fsdp1", "fsdp2") and (
@@ -510,6 +518,34 @@ XFAIL: dict[str, str] = {
 }
 """Row id -> measured error and a diagnosis that was measured or computed (the text says how;
 validation/ground_truth_gpu.md has the long form)."""
+_LITGPT_FULL = (
+    "litgpt full.py on 1 A10G, bf16-true, torch AdamW: parameters, gradients and AdamW's two "
+    "states are all bf16 (zeros_like), 8 B/param, so the model states alone are {states} GiB "
+    "(computed: {params}e9 x 8 B), above the published {value} GiB before any activation. The "
+    "source notes its 1xA10G and 4xA10G rows are often identical: the value is most likely "
+    "the 4-GPU FSDP run's. Data, not estimator.")
+_PAGED_STATES = (
+    "torchtune 7B_full_low_memory: bitsandbytes PagedAdamW with optimizer_in_bwd. Paged states "
+    "are CUDA managed memory (bitsandbytes functional.py get_paged: lib.cget_managed_ptr, "
+    "wrapped by torch.frombuffer), outside torch's caching allocator, so torch's memory_stats "
+    "never count them; memplan counts its 25.10 GiB of paged-adamw states as allocated. "
+    "Computed: predicted minus those 25.10 GiB is {rest}, {verdict}. memplan has no managed-"
+    "memory pool yet.")
+XFAIL.update({
+    "GT004": "+173.1% (13.94 published, 38.08-40.88 predicted). " + _PAGED_STATES.format(
+        rest="12.98-15.78 GiB", verdict="around the published 13.94"),
+    "GT009": "+92.0% (22.44 published, 43.09-45.64 predicted). " + _PAGED_STATES.format(
+        rest="17.99-20.54 GiB", verdict="-8.5% at the band top (PR #961 measured 20.2 GB = "
+        "18.81 GiB for this config, GT013)"),
+    "GT013": "+129.1% (18.81 published, 43.09 predicted). " + _PAGED_STATES.format(
+        rest="17.99 GiB", verdict="-4.4% from the published allocated peak"),
+})
+XFAIL.update({
+    "GT102": "+43.8% (8.10 published, 11.65-12.22 predicted). " + _LITGPT_FULL.format(
+        states="9.24", params="1.24", value="8.10"),
+    "GT105": "+95.4% (15.38 published, 30.06-30.43 predicted). " + _LITGPT_FULL.format(
+        states="23.92", params="3.21", value="15.38"),
+})
 
 
 MISSES: dict[str, str] = {
@@ -544,6 +580,13 @@ MISSES: dict[str, str] = {
 candidates). They are not xfails: the accuracy table and README count them as misses, and
 ``test_unexplained_misses_still_miss`` fails when one starts to pass, so the list stays true."""
 
+_LITGPT_QLORA = (
+    "litgpt QLoRA (finetune/lora.py --quantize bnb.nf4): every QLoRA row is 27-37% low while "
+    "the LoRA rows of the same models and loss pass (GT093/095/097 within 2.3%); the missing "
+    "2-4.4 GiB is not proportional to the batch. Candidates: the load (fabric.init_module("
+    "empty_init=False) builds the model on the GPU under BitsandbytesPrecision, then "
+    "load_checkpoint quantises the checkpoint's bf16 weights again) and bitsandbytes' paged "
+    "AdamW; not measured.")
 _QWEN_LOW = (
     "Qwen-1 profiling sweep: every one of the 57 bf16 LoRA / full Qwen rows is below the published value "
     "(median -9.4%), most inside the B tolerance. The gap is nearly flat in seq_len (~2-3 "
@@ -574,6 +617,19 @@ MISSES.update({
     "GT172": "-24.0% (43.50 published, 31.11-33.06 predicted). " + _QWEN_DS,
     "GT173": "-24.0% (43.50 published, 31.11-33.06 predicted). " + _QWEN_DS,
     "GT174": "-21.6% (47.10 published, 34.78-36.91 predicted). " + _QWEN_DS,
+    "GT094": "-26.9% (12.74 published, 5.40-9.31 predicted). " + _LITGPT_QLORA,
+    "GT096": "-27.0% (16.21 published, 7.34-11.84 predicted). " + _LITGPT_QLORA,
+    "GT098": "-26.6% (13.31 published, 5.69-9.77 predicted). " + _LITGPT_QLORA,
+    "GT104": "-36.7% (5.15 published, 1.65-3.26 predicted). " + _LITGPT_QLORA,
+    "GT107": "-35.4% (9.59 published, 3.34-6.20 predicted). " + _LITGPT_QLORA,
+    "GT101": "-13.4% (15.12 published, 4.21-13.10 predicted; LoRA on lm_head too). "
+             + _LITGPT_QLORA,
+    "GT099": "-20.9% (13.13 published, 10.29-10.38 predicted). litgpt full.py, TinyLlama 1.1B "
+             "bf16-true, torch AdamW, micro-batch 4 x 512 (config_hub/finetune/tiny-llama/"
+             "full.yaml: global_batch_size 32, so 8 accumulation steps, not in the row). The "
+             "model states are 8.2 GiB (1.1e9 x 8 B); the 2.8 GiB missing is not explained by "
+             "the accumulation or the logits (0.12 GiB). Unlike GT102/GT105 (above even the "
+             "states) this row is above the estimate; not measured.",
 })
 
 if CSV_PATH.is_file():

@@ -61,8 +61,12 @@ def _by_component(model: ModelSpec, memo: dict[object, object] | None) -> dict[s
 
 
 def _step_lines(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
-    out = [Line(i, (Phase.OPTIMIZER,)) if i.category == Category.TEMPORARY else Line(i, lazy=True)
-           for i in optimizer_step_items(stage, recipe, dt)]
+    # optimizer in backward: each parameter steps inside the backward
+    oib = recipe.optimizer.in_backward
+    when = (Phase.BACKWARD,) if oib else (Phase.OPTIMIZER,)
+    out = [Line(i, when, stepping=("after" if "after the backward" in i.name else "during")
+                if oib else "") if i.category == Category.TEMPORARY
+           else Line(i, lazy=True) for i in optimizer_step_items(stage, recipe, dt)]
     tokens = recipe.batch.micro_batch * recipe.batch.seq_len
     out.append(Line(Item(category=Category.ACTIVATIONS, name="input batch (token ids + labels)",
                          bytes=2 * 8 * tokens, formula="2 int64 tensors of micro_batch x seq_len")))

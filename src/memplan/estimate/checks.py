@@ -68,6 +68,17 @@ def check_compatible(model: ModelSpec, recipe: Recipe) -> None:
             p.add(f"LoRA target(s) {','.join(missing)} do not exist in {model.id} (it has "
                   f"{','.join(t for t in ('q', 'k', 'v', 'o', 'gate', 'up', 'down') if t in have)}"
                   "). Remove them from lora_targets.")
+    if recipe.method.kind in LORA_LIKE and "lm_head" in recipe.method.lora_targets and \
+            recipe.loss.kind in ("chunked", "fused"):
+        p.add(f"lora_targets with lm_head and loss={recipe.loss.kind}: an adapter inside the "
+              "chunked or fused output projection is not modelled. Use loss=standard, "
+              "chunked-head or chunked-ce, or drop lm_head from lora_targets.")
+    if recipe.optimizer.in_backward:
+        if par.gpus > 1 or recipe.batch.grad_accum > 1 or recipe.offload.kind != "none":
+            p.add(f"optimizer_in_backward with gpus={par.gpus}, grad_accum="
+                  f"{recipe.batch.grad_accum}, offload={recipe.offload.kind}: modelled for one "
+                  "device without gradient accumulation or offload (torchtune's single-device "
+                  "recipes refuse accumulation with it). Use gpus=1, grad_accum=1, offload=none.")
     if recipe.method.kind == "freeze" and recipe.method.freeze_trainable_layers > model.num_layers:
         p.add(f"freeze_trainable_layers={recipe.method.freeze_trainable_layers} exceeds the "
               f"{model.num_layers} layers of {model.id}.")

@@ -24,3 +24,7 @@ class Line:
     grows: bool = False
     """Produced during the backward (parameter gradients): a backward moment holds the part
     produced so far."""
+    stepping: str = ""
+    """Exists while parameters are stepped inside the backward (optimizer in backward):
+    ``during`` from the first parameter gradient on, except at the backward's last moment;
+    ``after`` only at the backward's last moment (the embedding's step); '' always."""

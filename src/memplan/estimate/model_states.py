@@ -65,12 +65,12 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
 
     def add(category: Category, name: str, pairs: list[tuple[Held, float]], *, shard: bool,
             formula: str, phases: tuple[Phase, ...] = ALL_PHASES, pool: Pool = Pool.ALLOCATED,
-            lazy: bool = False, grows: bool = False):
+            lazy: bool = False, grows: bool = False, stepping: str = ""):
         n = _sum(pairs, recipe, shard)
         if n:
             items.append(Line(Item(category=category, name=name, bytes=n, pool=pool,
                                    formula=formula + (shard_note if shard else "")), phases,
-                              lazy=lazy, grows=grows))
+                              lazy=lazy, grows=grows, stepping=stepping))
 
     # -- parameters ------------------------------------------------------------------------
     pb, fb = dtype_bytes(dt.param), dtype_bytes(dt.frozen)
@@ -125,6 +125,13 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
             [(h, h.numel * 4.0) for h in trainable], shard=True, pool=state_pool,
             formula="ZeRO-Offload copies each reduced gradient partition to pinned host memory "
             "in fp32 (Ren et al. 2021, arXiv 2101.06840, §4)")
+    elif recipe.optimizer.in_backward:
+        big = max(grads, key=lambda g: g[1])
+        add(Category.GRADIENTS, "gradient of one parameter (optimizer in backward)", [big],
+            shard=False, phases=(B,), stepping="",
+            formula=f"the largest trainable tensor x {gb:g} B: each "
+            "gradient is stepped and freed by its post-accumulate-grad hook (torchtune "
+            "training/_memory.py register_optim_in_bwd_hooks) before the next one is made")
     elif not flat_grads:
         add(Category.GRADIENTS, f"gradients{why}", grads, shard=z >= 2,
             phases=grad_phases, grows=not persistent, formula=f"trainable elements x {gb:g} B")

@@ -17,11 +17,19 @@ SGD updates in place; Lion (lion-pytorch) builds ``update`` from ``exp_avg.clone
 more temporary per parameter; Adafactor's factored update allocates about three
 parameter-sized temporaries per tensor (``transformers.optimization.Adafactor``); the
 bitsandbytes 8-bit/paged optimizers update in fused kernels.
+
+With the optimizer in backward (``Optimizer.in_backward``, torchtune ``optimizer_in_bwd``) each
+parameter has its own optimizer, stepped in its post-accumulate-grad hook, so the temporaries
+are one tensor's: the largest non-embedding tensor's during the backward, the embedding's after
+its op (the backward's last). Known deviation: they are counted at the whole moment of the op
+that produced the gradient, while the hook runs once that op's other temporaries are freed
+(validate: +0.2% to +3.6% on the tiny llama / gpt2 cases).
 """
 
 from __future__ import annotations
 
 from ..breakdown import Category, Item
+from ..model.spec import Component
 from ..facts import optimizer_facts
 from ..recipe import Recipe
 from ..units import dtype_bytes
@@ -48,12 +56,31 @@ def optimizer_step_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]
         pass  # DeepSpeed FusedAdam / cpu_adam, Megatron TE FusedAdam: no temporaries
     elif impl == "fused":
         pass  # torch's fused AdamW/Adam (_fused_adamw_ kernels) updates in place
+    elif impl == "foreach" and facts.foreach_copy and recipe.optimizer.in_backward:
+        big = max(h.numel for h in trainable)
+        out.append(Item(category=Category.TEMPORARY, name="foreach Adam sqrt(exp_avg_sq) copy "
+                        "(one parameter)", bytes=int(big * sb),
+                        formula="optimizer in backward: one optimizer per parameter, so the "
+                        "foreach copy covers one tensor (the largest)"))
     elif impl == "foreach" and facts.foreach_copy:
         n = sum(h.numel for h in trainable) // shard
         out.append(Item(category=Category.TEMPORARY, name="foreach Adam sqrt(exp_avg_sq) copy",
                         bytes=int(n * sb),
                         formula="one state-sized copy of every trainable tensor "
                         "(torch/optim/adam.py _multi_tensor_adam: torch._foreach_sqrt)"))
+    elif facts.step_temporaries and recipe.optimizer.in_backward:
+        k = facts.step_temporaries
+        # the embedding's gradient completes last (its op is the backward's last): its step
+        # runs after the backward, every other tensor's during it
+        emb = [h.numel for h in trainable if h.tensor.component is Component.EMBEDDING]
+        rest = [h.numel for h in trainable if h.tensor.component is not Component.EMBEDDING]
+        for numel, when in ((max(rest, default=0), "during the backward"),
+                            (max(emb, default=0), "after the backward")):
+            if numel:
+                out.append(Item(category=Category.TEMPORARY, name=f"{opt} per-tensor "
+                                f"temporaries ({when})", bytes=int(k * numel * sb),
+                                formula=f"{k} x the largest trainable tensor stepped "
+                                f"{when} (optimizer in backward, single-tensor path)"))
     elif facts.step_temporaries:  # the for-loop (optimizers without a foreach path too)
         big = max(h.numel for h in trainable) // shard
         k = facts.step_temporaries

@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 from ..errors import Problems
 from ..model.peft_targets import ia3_roles, ln_tuning_norm
-from ..model.spec import Component, ModelSpec, Split, Tensor
+from ..model.spec import LORA_HEAD, Component, ModelSpec, Split, Tensor, is_head_weight
 from ..recipe import Recipe
 
 __all__ = ["Extra", "LORA_LIKE", "FROZEN_BASE", "adapted_roles", "base_trains", "tensor_extras",
@@ -85,7 +85,8 @@ def tensor_extras(model: ModelSpec, t: Tensor, recipe: Recipe, roles: frozenset[
             return []
         return [Extra(Tensor(name=t.name + " (ln_tuning copy)", shape=t.shape,
                              component=t.component, is_bias=t.is_bias), t.numel, adapter=False)]
-    if not (t.is_linear and set(t.targets) & roles):
+    head = LORA_HEAD in roles and kind in LORA_LIKE and is_head_weight(t)
+    if not (head or (t.is_linear and set(t.targets) & roles)):
         return []
     if t.experts > 1 and kind not in ("lora", "qlora"):
         return []  # routed experts are 3-D parameters in transformers 5: no module to wrap

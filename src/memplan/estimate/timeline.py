@@ -28,12 +28,16 @@ class Instant:
 
 
 def _static(lines: Iterable[Line], step: Step, phase: Phase,
-            progress: float = 1.0) -> tuple[Item, ...]:
+            progress: float = 1.0, last: bool = True) -> tuple[Item, ...]:
     out = []
     for ln in lines:
         if ln.item.pool != Pool.ALLOCATED or phase not in ln.phases:
             continue
         if step == Step.FIRST and ln.lazy and phase != Phase.OPTIMIZER:
+            continue
+        if phase == Phase.BACKWARD and (
+                (ln.stepping == "during" and (progress <= 0.0 or last))
+                or (ln.stepping == "after" and not last)):
             continue
         item = ln.item
         if ln.grows and phase == Phase.BACKWARD and progress < 1.0:
@@ -54,7 +58,7 @@ def moments(lines: Sequence[Line], instants: Sequence[Instant] = ()) -> tuple[Mo
                 out.append(Moment(step=step, phase=phase, label=str(phase),
                                   items=_static(lines, step, phase)))
             for inst in mine:
-                static = _static(lines, step, phase, inst.progress)
+                static = _static(lines, step, phase, inst.progress, inst is mine[-1])
                 items = tuple(i for i in static + inst.items if i.bytes)
                 out.append(Moment(step=step, phase=phase, label=inst.label, items=items))
     return tuple(out)

@@ -19,11 +19,16 @@ from typing import Any
 
 from .traits import Traits
 
-__all__ = ["Component", "Split", "Tensor", "Attention", "Ffn", "Layer", "ModelSpec", "LORA_TARGETS"]
+__all__ = ["Component", "Split", "Tensor", "Attention", "Ffn", "Layer", "ModelSpec", "LORA_TARGETS",
+           "LORA_HEAD", "is_head_weight"]
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 """Canonical LoRA target names; fused projections (GPT-2 ``c_attn``, Phi-3 ``qkv_proj``) answer to
 each of their parts, since PEFT can only wrap the whole module."""
+LORA_HEAD = "lm_head"
+"""LoRA on the untied output layer (torchtune ``apply_lora_to_output``, litgpt ``lora_head``,
+PEFT ``target_modules=[..., "lm_head"]``); not part of ``all-linear``, which PEFT defines
+without the output layer."""
 
 
 class Component(StrEnum):
@@ -86,6 +91,12 @@ class Tensor:
             per_expert = -(-per_expert // tp)
         return experts * per_expert
 
+
+
+def is_head_weight(t: Tensor) -> bool:
+    """``t`` is the weight of an untied output layer (the ``lm_head`` LoRA target)."""
+    return t.component is Component.HEAD and t.split is Split.VOCAB and not t.is_bias \
+        and len(t.shape) == 2
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Attention:
@@ -195,7 +206,10 @@ class ModelSpec:
         return any(t.experts > 1 for t in self.tensors)
 
     def available_targets(self) -> set[str]:
-        return {name for t in self.tensors for name in t.targets}
+        """LoRA targets the model has: the linear roles, and ``lm_head`` when the output layer
+        is a weight of its own (untied)."""
+        out = {name for t in self.tensors for name in t.targets}
+        return out | ({LORA_HEAD} if any(is_head_weight(t) for t in self.tensors) else set())
 
     def largest_layer_numel(self) -> int:
         """Elements of the biggest layer (ZeRO-3/FSDP gather unit); embedding/head count as units."""

@@ -181,7 +181,9 @@ class Space:
         base = self.base
         ckpts = self.checkpointings()
         attns = self._choices("attention", [str(a) for a in self.attention])
-        losses = self._choices("loss", [str(k) for k in LossKind])
+        # litgpt's two losses are a framework's fixed code path, not a knob: not searched
+        losses = self._choices("loss", [str(k) for k in LossKind if k not in (
+            LossKind.CHUNKED_HEAD, LossKind.CHUNKED_CE)])
         for tp, cp, pp, v, ep, sp in self.degrees(model):
             dp = self.gpus // (tp * cp * pp)
             model_parallel = tp > 1 or cp > 1 or pp > 1 or ep > 1

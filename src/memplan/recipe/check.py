@@ -82,7 +82,8 @@ def _check(p: Problems, key: str, kind: Any, value: Any, meta: Any) -> Any:
             p.add(f"{key}={value!r} must be {what}{_bounds_text(meta)}.{_fix(key, meta)}")
         return value
     if typing.get_origin(kind) is tuple:
-        return _check_names(p, key, value, meta.get("choices"), may_be_empty=meta.get("empty", False))
+        return _check_names(p, key, value, meta.get("choices"), may_be_empty=meta.get("empty", False),
+                            every=meta.get("all"))
     raise AssertionError(f"recipe field {key} has an unsupported type {kind!r}")
 
 
@@ -104,7 +105,9 @@ def _bounds_text(meta: Any) -> str:
 
 
 def _check_names(p: Problems, key: str, value: Any, choices: tuple[str, ...] | None, *,
-                 may_be_empty: bool = False) -> Any:
+                 may_be_empty: bool = False, every: tuple[str, ...] | None = None) -> Any:
+    """``value`` as a tuple of names from ``choices``; ``all-linear`` means ``every`` (default:
+    every choice)."""
     if isinstance(value, str):
         value = tuple(v.strip() for v in value.split(",") if v.strip() and v.strip() != "none")
     elif isinstance(value, list):
@@ -115,7 +118,7 @@ def _check_names(p: Problems, key: str, value: Any, choices: tuple[str, ...] | N
     if choices is None:
         return value
     if value in (("all-linear",), ("all",)) and not may_be_empty:
-        return tuple(choices)
+        return tuple(every or choices)
     for t in value:
         if t not in choices:
             alt = "'none'" if may_be_empty else "'all-linear'"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from ..errors import ConfigError
-from ..model.spec import LORA_TARGETS
+from ..model.spec import LORA_HEAD, LORA_TARGETS
 from .check import check_part
 from .loop import Loop
 from .engine import Engine
@@ -123,6 +123,8 @@ class LossKind(StrEnum):
     STANDARD = "standard"
     CHUNKED = "chunked"
     FUSED = "fused"
+    CHUNKED_HEAD = "chunked-head"
+    CHUNKED_CE = "chunked-ce"
 
 
 class OffloadKind(StrEnum):
@@ -174,6 +176,11 @@ class Optimizer:
     (torch's default for the device: foreach on CUDA, the for-loop on CPU; DeepSpeed and
     Megatron step their own fused Adam), ``foreach`` (one state-sized temporary of every
     tensor at once), ``for-loop`` (temporaries of one tensor at a time), ``fused`` (none)."""
+    in_backward: bool = field(default=False, metadata=_key("optimizer_in_backward"))
+    """Step each parameter as soon as its gradient is accumulated and free that gradient
+    (torchtune ``optimizer_in_bwd``: one optimizer per parameter, stepped and zeroed in a
+    ``register_post_accumulate_grad_hook``), so at most one parameter's gradient and step
+    temporaries exist at a time. Single device, no gradient accumulation."""
 
     def __post_init__(self) -> None:
         check_part(self)
@@ -197,10 +204,11 @@ class Method:
     """LoRA rank r: each adapted linear (out x in) gains r x (in + out) trainable parameters."""
     lora_alpha: int = 32
     """LoRA scaling numerator; recorded for completeness, it does not change memory."""
-    lora_targets: tuple[str, ...] = field(default=LORA_TARGETS,
-                                          metadata={"choices": LORA_TARGETS})
+    lora_targets: tuple[str, ...] = field(default=LORA_TARGETS, metadata={
+        "choices": LORA_TARGETS + (LORA_HEAD,), "all": LORA_TARGETS})
     """Which linears get adapters: comma list of ``q,k,v,o,gate,up,down`` (``all-linear`` =
-    all)."""
+    all of them), plus ``lm_head`` for the untied output layer (torchtune
+    ``apply_lora_to_output``, litgpt ``lora_head``; not part of ``all-linear``, as in PEFT)."""
     modules_to_save: tuple[str, ...] = field(default=(), metadata={
         "choices": ("embed", "lm_head"), "empty": True})
     """With a PEFT method: whole modules that train next to the adapters, PEFT's
@@ -317,7 +325,12 @@ class Loss:
     """Cross-entropy of causal LMs: ``standard`` (HF ``ForCausalLMLoss``: full fp32 logits),
     ``chunked`` (torchtune ``CEWithChunkedOutputLoss``: output projection and fp32 upcast in 8
     sequence chunks), ``fused`` (Liger ``LigerFusedLinearCrossEntropyLoss``: logits never
-    materialised, gradients computed in the forward)."""
+    materialised, gradients computed in the forward), ``chunked-head`` (litgpt
+    ``finetune/lora.py``: ``model(input_ids, lm_head_chunk_size=128)`` and
+    ``chunked_cross_entropy``: output projection and cross-entropy per 128 tokens, in the
+    logits' dtype, no fp32 upcast), ``chunked-ce`` (litgpt ``finetune/full.py``: whole logits,
+    ``chunked_cross_entropy`` over 128-row chunks in the logits' dtype). litgpt's loops hold
+    the logits through the backward: pair both with ``outputs = "kept"``."""
 
     def __post_init__(self) -> None:
         check_part(self)

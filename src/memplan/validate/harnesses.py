@@ -12,15 +12,19 @@ CPU included):
 harness        the run
 =============  ==========================================================================
 ``plain``      a PyTorch loop: ``torch.optim.AdamW`` (its default implementation),
-               ``torch.autocast`` for ``*-mixed``, ``gradient_checkpointing_enable()``
+               ``torch.autocast`` for ``*-mixed``, ``gradient_checkpointing_enable()``;
+               ``optimizer_in_backward``: torchtune's per-parameter hooks (``_InBackward``)
 ``accelerate`` ``Accelerator(cpu=True, mixed_precision=...)``, ``prepare``,
                ``accelerator.backward``
 ``trainer``    ``transformers.Trainer`` with ``TrainingArguments(use_cpu=True, ...)``: its default
                optimizer (``adamw_torch_fused``) and gradient clipping (``max_grad_norm=1``)
-``peft``       the plain loop on ``get_peft_model(model, LoraConfig(r, target_modules))``,
+``peft``       the plain loop on ``get_peft_model(model, LoraConfig(r, target_modules))``
+               (``lm_head`` in the targets: the named linears plus ``"lm_head"``),
                every other ``LoraConfig`` field at PEFT's default; the other PEFT methods
                with their own config (``runtime.peft_methods.peft_config``); LoRA-FA with
                ``peft.optimizers.create_lorafa_optimizer``
+               (``plain`` and ``peft`` with ``loss = "chunked-head" | "chunked-ce"``: litgpt's
+               loss and loop, ``_litgpt``)
 ``torchtune``  torchtune 0.6.1's builders, ``CEWithChunkedOutputLoss`` and the step of its
                single-device recipes (``torchtune_harness.py``)
 =============  ==========================================================================
@@ -45,7 +49,7 @@ import warnings
 from typing import Any
 
 from ..errors import ConfigError
-from ..model.spec import LORA_TARGETS
+from ..model.spec import LORA_HEAD, LORA_TARGETS
 from ..recipe import Recipe
 
 __all__ = ["HARNESSES", "FRAMEWORK_HARNESSES", "measure_with_harness"]
@@ -129,20 +133,89 @@ def _tracker(model: Any, *external: Any) -> Any:
     return mt
 
 
+def _litgpt(model: Any, kind: str) -> Any:
+    """litgpt's forward and loss on a transformers model (``estimate/activations/litgpt_loss.py``
+    cites the source), as a module whose ``forward(batch)`` returns ``(logits, loss)``: the
+    decoder's last hidden state, ``lm_head`` on 128-token chunks (``chunked-head``) or whole
+    (``chunked-ce``), then ``litgpt.utils.chunked_cross_entropy``. A module, so MemTracker sees
+    the head's calls inside one root call (it refuses a root module called twice per step)."""
+    import torch
+    import torch.nn.functional as F
+
+    class Litgpt(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, batch: dict[str, Any]) -> tuple[Any, Any]:
+            base = model.get_base_model() if hasattr(model, "get_base_model") else model
+            ids, targets = batch["input_ids"], batch["labels"][..., 1:]
+            x = base.get_decoder()(input_ids=ids).last_hidden_state
+            head = base.get_output_embeddings()
+            if kind == "chunked-head":
+                logits = [head(x_i) for x_i in x.split(128, dim=1)]
+                logits[-1] = logits[-1][..., :-1, :]
+                chunks = [lc.reshape(-1, lc.size(-1)) for lc in logits]
+                tchunks = [tc.reshape(-1) for tc in targets.split(logits[0].size(1), dim=1)]
+            else:
+                logits = head(x)
+                flat = logits[..., :-1, :].reshape(-1, logits.size(-1))
+                chunks, tchunks = flat.split(128), targets.reshape(-1).split(128)
+            parts = [F.cross_entropy(lc, tc, reduction="none") for lc, tc in zip(chunks, tchunks)]
+            n = (targets != -100).sum()
+            return logits, torch.cat(parts).sum() / n.maximum(torch.ones_like(n))
+
+    return Litgpt()
+
+
+class _InBackward:
+    """torchtune's optimizer in backward (``training/_memory.py``: ``OptimizerInBackwardWrapper``
+    and ``register_optim_in_bwd_hooks``): one ``AdamW`` per parameter, stepped and zeroed by the
+    parameter's ``register_post_accumulate_grad_hook``; ``step``/``zero_grad`` do nothing."""
+
+    def __init__(self, params: list[Any]) -> None:
+        import torch
+
+        self.optims = {p: torch.optim.AdamW([p], lr=1e-4) for p in params}
+
+        def hook(p: Any) -> None:
+            self.optims[p].step()
+            self.optims[p].zero_grad()
+
+        for p in params:
+            p.register_post_accumulate_grad_hook(hook)
+
+    def step(self) -> None:
+        return None
+
+    def zero_grad(self) -> None:
+        return None
+
+
 def _plain(model: Any, recipe: Recipe, opt: Any = None) -> int:
     import torch
     params = [p for p in model.parameters() if p.requires_grad]
+    if _k(recipe)["optimizer_in_backward"]:
+        opt = _InBackward(params)
     opt = opt if opt is not None else torch.optim.AdamW(params, lr=1e-4)
     batch = _batch(recipe, model.config.vocab_size)
-    mt = _tracker(model, opt)
+    kind = _k(recipe)["loss"]
+    litgpt = _litgpt(model, kind) if kind in ("chunked-head", "chunked-ce") else None
+    external = list(opt.optims.values()) if isinstance(opt, _InBackward) else [opt]
+    mt = _tracker(litgpt or model, *external)
+    logits = None
     with mt:
         for _ in range(_STEPS):
             mt.reset_mod_stats()
             with _autocast(recipe):
-                loss = model(**batch).loss
+                if litgpt is not None:  # litgpt's loop keeps `logits` bound
+                    logits, loss = litgpt(batch)
+                else:
+                    loss = model(**batch).loss
             loss.backward()
             opt.step()
             opt.zero_grad()
+    del logits
     return _peak(mt)
 
 
@@ -217,9 +290,18 @@ def _peft(model: Any, recipe: Recipe, config_path: str = "") -> int:
         return _plain(model, recipe, opt)
     # "all-linear" when the recipe adapts every projection; otherwise PEFT's own default for
     # the architecture (q_proj, v_proj for Llama and Qwen2), which the case must name.
-    every = set(_k(recipe)["lora_targets"]) == set(LORA_TARGETS)
-    model = peft.get_peft_model(model, peft.LoraConfig(
-        r=_k(recipe)["lora_rank"], target_modules="all-linear" if every else None))
+    # With lm_head (LoRA on the output layer), the modules are named: the model's linears of
+    # the other roles (memplan's names, PEFT matches by suffix) and "lm_head".
+    roles = set(_k(recipe)["lora_targets"])
+    every = roles == set(LORA_TARGETS)
+    targets: Any = "all-linear" if every else None
+    if LORA_HEAD in roles:
+        from ..model import load_model
+        from ..model.peft_targets import target_modules
+
+        targets = target_modules(load_model(config_path), roles - {LORA_HEAD}) + [LORA_HEAD]
+    model = peft.get_peft_model(model, peft.LoraConfig(r=_k(recipe)["lora_rank"],
+                                                       target_modules=targets))
     return _plain(model, recipe)
 
 

@@ -13,6 +13,7 @@ from ...model.traits import GRAPHS, Graph, Mla, Norm, NormPlacement, QkNorm, Tra
 from .blocks import Blocks, Ctx
 from .graph import Graph as OpGraph
 from .graph import Tensor
+from . import litgpt_loss
 from .ln_decoder import gelu_new, ln_decoder_layer
 from .peft_ops import prefix_kv
 from .policy import Policy
@@ -378,7 +379,12 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
             x = b.layernorm(x, h)
         else:
             x = b.rmsnorm(x, h, gemma=tr.norm is Norm.RMS_GEMMA, leaf="norm")
-        if ctx.loss != "standard" and tr.causal:
+        head_trained = ctx.trained or ctx.head_trained
+        if ctx.loss == "chunked-head" and tr.causal:
+            g.region = "loss"
+            litgpt_loss.chunked_head_loss(b, x, h, V // tp, trained=head_trained)
+            return g
+        if ctx.loss in ("chunked", "fused") and tr.causal:
             g.region = "loss"
             if ctx.loss == "chunked":
                 b.chunked_lm_loss(x, h, V // tp, trained=ctx.trained or ctx.head_trained)
@@ -386,11 +392,14 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
                 b.fused_lm_loss(x, h, V // tp, trained=ctx.trained or ctx.head_trained)
             return g
         head_bias = not tr.causal or any(t.name == "lm_head.bias" for t in spec.head)
-        logits = b.linear(x, h, V // tp, trained=ctx.trained or ctx.head_trained,
-                          bias=head_bias)
+        logits = b.linear(x, h, V // tp, trained=head_trained, bias=head_bias,
+                          role=("lm_head",))
         g.region = "loss"
-        b.causal_lm_loss(logits, V // tp, softcap=tr.final_softcap, shift=tr.causal,
-                         shift_copy=tr.shift_copy)
+        if ctx.loss == "chunked-ce" and tr.causal:
+            litgpt_loss.chunked_ce_loss(b, logits, V // tp)
+        else:
+            b.causal_lm_loss(logits, V // tp, softcap=tr.final_softcap, shift=tr.causal,
+                             shift_copy=tr.shift_copy)
         if spec.tied_embeddings and first:
             ends = [o for o in g.ops if o.param_grads and (
                 o.region == "embedding" or logits in o.outputs)]
