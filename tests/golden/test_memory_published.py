@@ -524,22 +524,6 @@ _LITGPT_FULL = (
     "(computed: {params}e9 x 8 B), above the published {value} GiB before any activation. The "
     "source notes its 1xA10G and 4xA10G rows are often identical: the value is most likely "
     "the 4-GPU FSDP run's. Data, not estimator.")
-_PAGED_STATES = (
-    "torchtune 7B_full_low_memory: bitsandbytes PagedAdamW with optimizer_in_bwd. Paged states "
-    "are CUDA managed memory (bitsandbytes functional.py get_paged: lib.cget_managed_ptr, "
-    "wrapped by torch.frombuffer), outside torch's caching allocator, so torch's memory_stats "
-    "never count them; memplan counts its 25.10 GiB of paged-adamw states as allocated. "
-    "Computed: predicted minus those 25.10 GiB is {rest}, {verdict}. memplan has no managed-"
-    "memory pool yet.")
-XFAIL.update({
-    "GT004": "+173.1% (13.94 published, 38.08-40.88 predicted). " + _PAGED_STATES.format(
-        rest="12.98-15.78 GiB", verdict="around the published 13.94"),
-    "GT009": "+92.0% (22.44 published, 43.09-45.64 predicted). " + _PAGED_STATES.format(
-        rest="17.99-20.54 GiB", verdict="-8.5% at the band top (PR #961 measured 20.2 GB = "
-        "18.81 GiB for this config, GT013)"),
-    "GT013": "+129.1% (18.81 published, 43.09 predicted). " + _PAGED_STATES.format(
-        rest="17.99 GiB", verdict="-4.4% from the published allocated peak"),
-})
 XFAIL.update({
     "GT102": "+43.8% (8.10 published, 11.65-12.22 predicted). " + _LITGPT_FULL.format(
         states="9.24", params="1.24", value="8.10"),

@@ -156,12 +156,19 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
     # (stage_1_and_2.py / stage3.py initialize_optimizer_states).
     torch_opt = z == 0 or str(recipe.engine_kind) in ("fsdp1", "fsdp2", "torchtitan")
     adapter_state = "fp32" if dt.state == "fp32" else recipe.method.adapter_dtype
-    add(Category.OPTIMIZER, f"{recipe.optimizer.kind} states",
+    # bitsandbytes' paged optimizers keep their states in CUDA managed memory (functional.py
+    # get_paged: cget_managed_ptr, cudaMallocManaged): on the GPU while resident, outside
+    # torch's caching allocator, so nvidia-smi sees them and torch's counters do not
+    paged = str(recipe.optimizer.kind).startswith("paged-") and state_pool is Pool.ALLOCATED
+    add(Category.OPTIMIZER, f"{recipe.optimizer.kind} states" + (
+        " (CUDA managed memory)" if paged else ""),
         [(h, optimizer_state_bytes(h, recipe.optimizer.kind,
                                    adapter_state if h.adapter else dt.state))
          for h in trainable],
-        shard=z >= 1, pool=state_pool, lazy=torch_opt,
+        shard=z >= 1, pool=Pool.DEVICE if paged else state_pool, lazy=torch_opt and not paged,
         formula="see estimate/states.py:optimizer_state_bytes" + (
+            "; bitsandbytes allocates them with cudaMallocManaged (get_paged), which torch's "
+            "memory counters do not see" if paged else
             "; torch creates them inside the first optimizer.step()" if torch_opt else ""))
     if dt.master:
         add(Category.OPTIMIZER, "fp32 master weights", [(h, h.numel * 4.0) for h in base],
