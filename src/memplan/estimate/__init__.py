@@ -6,7 +6,7 @@ module (``model_states``, ``overhead``) whose functions state their formula and 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from ..breakdown import Breakdown, Category, Item, Phase, Pool, RankBreakdown
 from ..hardware import Device
@@ -18,7 +18,7 @@ from .checks import check_compatible
 from .layout import Stage, layout
 from .model_states import model_state_items
 from .overhead import fragmentation_item, nccl_items, overhead_items
-from .activations import cpu_checkpoint_bytes, stage_points
+from .activations import Point, cpu_checkpoint_bytes, points_key, stage_points
 from .lines import Line
 from .load import load_moments
 from .loop import loop_lines
@@ -52,12 +52,35 @@ def _trainable(model: ModelSpec, recipe: Recipe, memo: dict[object, object] | No
     return sum(h.numel for h in layout(model, whole, memo)[0].held if h.trainable)
 
 
+def _num_params(model: ModelSpec, memo: dict[object, object] | None) -> int:
+    if memo is None:
+        return model.num_params
+    if "num_params" not in memo:
+        memo["num_params"] = model.num_params
+    return memo["num_params"]  # type: ignore[return-value]
+
+
 def _by_component(model: ModelSpec, memo: dict[object, object] | None) -> dict[str, int]:
     if memo is None:
         return model.params_by_component()
     if "params_by_component" not in memo:
         memo["params_by_component"] = model.params_by_component()
     return dict(memo["params_by_component"])  # type: ignore[call-overload]
+
+
+def _states(stage: Stage, recipe: Recipe, dt: Dtypes,
+            memo: dict[object, object] | None) -> list[Line]:
+    """``model_state_items`` of ``stage``; ``memo``: kept under what it reads, the stage
+    (``layout``'s key: method, tp, ep, pp; and the stage's index), every recipe part but the
+    batch, and of the batch only whether gradients accumulate (``grad_accum > 1``); ``dt``
+    derives from the recipe."""
+    if memo is None:
+        return model_state_items(stage, recipe, dt)
+    key = ("model_state_items", stage.index, recipe.batch.grad_accum > 1,
+           *(getattr(recipe, f.name) for f in fields(recipe) if f.name != "batch"))
+    if key not in memo:
+        memo[key] = model_state_items(stage, recipe, dt)
+    return list(memo[key])  # type: ignore[call-overload]
 
 
 def _step_lines(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
@@ -72,11 +95,24 @@ def _step_lines(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
 def _instants(model: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
               memo: dict[object, object] | None = None) -> list[Instant]:
     """The activation timeline of one micro-batch, plus the saved activations of the other
-    micro-batches a pipeline stage holds in flight (1F1B: stage i holds pp - i)."""
-    points, grad_total = stage_points(model, stage, recipe, dt, memo)
+    micro-batches a pipeline stage holds in flight (1F1B: stage i holds pp - i). ``memo``:
+    kept under what it reads, the simulation's key (``points_key``) and the micro-batches in
+    flight."""
     par = recipe.parallelism
     inflight = inflight_microbatches(par.pp, stage.index, par.pp_virtual,
                                      recipe.batch.grad_accum)
+    if memo is None:
+        return _instants_of(*stage_points(model, stage, recipe, dt), inflight,
+                            par.pp_virtual > 1)
+    key = ("instants", points_key(model, stage, recipe, dt), inflight, par.pp_virtual > 1)
+    if key not in memo:
+        memo[key] = _instants_of(*stage_points(model, stage, recipe, dt, memo), inflight,
+                                 par.pp_virtual > 1)
+    return memo[key]  # type: ignore[return-value]
+
+
+def _instants_of(points: list[Point], grad_total: int, inflight: float,
+                 interleaved: bool) -> list[Instant]:
     fwd_end = max((p.saved for p in points if p.phase == "forward"), default=0)
     produced = 0
     out = []
@@ -91,7 +127,7 @@ def _instants(model: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
             more = f"{inflight - 1:g}"
             items.append(Item(category=Category.ACTIVATIONS,
                               name=f"{more} more micro-batches in flight "
-                              f"({'interleaved ' if par.pp_virtual > 1 else ''}1F1B)",
+                              f"({'interleaved ' if interleaved else ''}1F1B)",
                               bytes=int((inflight - 1) * fwd_end),
                               formula="1F1B: stage i holds pp - i micro-batches' activations "
                               "(Narayanan et al. 2021, §2.2); interleaved: Megatron-Core "
@@ -131,7 +167,7 @@ def _ranks(model: ModelSpec, recipe: Recipe, device: Device,
     ranks = []
     per_stage = recipe.parallelism.gpus // recipe.parallelism.pp
     for stage in layout(model, recipe, memo):
-        states = model_state_items(stage, recipe, dt)
+        states = _states(stage, recipe, dt, memo)
         lines = states + loop_lines(model, stage, recipe, dt, states)
         lines += overhead_items(device, on_cpu)
         lines += nccl_items(recipe, stage.index) + _step_lines(stage, recipe, dt)
@@ -174,7 +210,7 @@ def estimate(model: ModelSpec, recipe: Recipe, device: Device, *,
     mmb = max_micro_batch(model, recipe, device, load=load) if search_micro_batch else None
     return Breakdown(
         source="estimate",
-        model=ModelInfo(id=model.id, model_type=model.model_type, params=model.num_params,
+        model=ModelInfo(id=model.id, model_type=model.model_type, params=_num_params(model, memo),
                         trainable_params=_trainable(model, recipe, memo),
                         params_by_component=_by_component(model, memo),
                         layers=model.num_layers, source=model.source,

@@ -45,16 +45,28 @@ def _static(lines: Iterable[Line], step: Step, phase: Phase,
 
 def moments(lines: Sequence[Line], instants: Sequence[Instant] = ()) -> tuple[Moment, ...]:
     """Moments of the first and the steady step: each instant (or, for a phase without
-    instants, the phase itself) with the phase-long lines live then."""
+    instants, the phase itself) with the phase-long lines live then.
+
+    The phase-long lines of a (step, phase) are filtered once and reused by each of its
+    instants; only a backward instant that has produced part of the gradients rebuilds them
+    (``_static`` with its progress), so the items are those ``_static`` gives every instant."""
+    by_phase: dict[Phase, list[Instant]] = {p: [] for p in ALL_PHASES}
+    for inst in instants:
+        by_phase.setdefault(inst.phase, []).append(inst)
     out = []
     for step in (Step.FIRST, Step.STEADY):
         for phase in ALL_PHASES:
-            mine = [i for i in instants if i.phase == phase]
+            mine = by_phase[phase]
+            static = _static(lines, step, phase)
             if not mine:
-                out.append(Moment(step=step, phase=phase, label=str(phase),
-                                  items=_static(lines, step, phase)))
+                out.append(Moment(step=step, phase=phase, label=str(phase), items=static))
+                continue
+            grows = phase == Phase.BACKWARD and any(
+                ln.grows and ln.item.pool == Pool.ALLOCATED and phase in ln.phases
+                for ln in lines)
             for inst in mine:
-                static = _static(lines, step, phase, inst.progress)
-                items = tuple(i for i in static + inst.items if i.bytes)
+                here = (_static(lines, step, phase, inst.progress)
+                        if grows and inst.progress < 1.0 else static)
+                items = tuple(i for i in here + inst.items if i.bytes)
                 out.append(Moment(step=step, phase=phase, label=inst.label, items=items))
     return tuple(out)
