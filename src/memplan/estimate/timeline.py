@@ -64,9 +64,10 @@ def moments(lines: Sequence[Line], instants: Sequence[Instant] = ()) -> tuple[Mo
             grows = phase == Phase.BACKWARD and any(
                 ln.grows and ln.item.pool == Pool.ALLOCATED and phase in ln.phases
                 for ln in lines)
+            nonzero = tuple(i for i in static if i.bytes)
             for inst in mine:
-                here = (_static(lines, step, phase, inst.progress)
-                        if grows and inst.progress < 1.0 else static)
-                items = tuple(i for i in here + inst.items if i.bytes)
+                here = (tuple(i for i in _static(lines, step, phase, inst.progress) if i.bytes)
+                        if grows and inst.progress < 1.0 else nonzero)
+                items = here + tuple(i for i in inst.items if i.bytes)
                 out.append(Moment(step=step, phase=phase, label=inst.label, items=items))
     return tuple(out)
