@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
-from ..breakdown import Breakdown, Category, Item, Phase, Pool, RankBreakdown
+from ..breakdown import Breakdown, Category, Item, Moment, Phase, Pool, RankBreakdown
 from ..hardware import Device
 from ..model.spec import ModelSpec
 from ..recipe import Checkpointing, Offload, Parallelism, Recipe
@@ -23,11 +23,11 @@ from .lines import Line
 from .load import load_moments
 from .loop import loop_lines
 from .optimizer_step import optimizer_step_items
-from .timeline import Instant, moments
+from .timeline import Instant, moments, peak_allocated
 from .warnings import recipe_warnings
-from ..facts import Dtypes, dtypes, state_dtypes
+from ..facts import Dtypes, dtypes
 
-__all__ = ["estimate"]
+__all__ = ["estimate", "rank_totals"]
 
 
 
@@ -156,39 +156,78 @@ def inflight_microbatches(pp: int, stage: int, virtual: int, microbatches: int) 
     return chunks / virtual
 
 
+def _stage_parts(model: ModelSpec, stage: Stage, recipe: Recipe, device: Device, dt: Dtypes,
+                 memo: dict[object, object] | None, load: str
+                 ) -> tuple[list[Line], list[Instant], tuple[Moment, ...], list[Item]]:
+    """What one rank of ``stage`` is made of: the phase-long lines, the activation instants,
+    the load moments, and the lines outside the allocated pool (before the allocator slack,
+    which depends on the peak)."""
+    on_cpu = recipe.platform.device == "cpu"
+    states = _states(stage, recipe, dt, memo)
+    lines = states + loop_lines(model, stage, recipe, dt, states)
+    lines += overhead_items(device, on_cpu)
+    lines += nccl_items(recipe, stage.index) + _step_lines(stage, recipe, dt)
+    instants = _instants(model, stage, recipe, dt, memo)
+    init = load_moments(stage, recipe, dt, lines, load=load, capacity_bytes=device.capacity_bytes)
+    outside = [ln.item for ln in lines if ln.item.pool != Pool.ALLOCATED]
+    par = recipe.parallelism
+    host_ckpt = cpu_checkpoint_bytes(model, stage, recipe, dt, inflight_microbatches(
+        par.pp, stage.index, par.pp_virtual, recipe.batch.grad_accum))
+    if host_ckpt:
+        outside.append(Item(category=Category.ACTIVATIONS, pool=Pool.HOST, bytes=host_ckpt,
+                            name="checkpointed layer inputs (DeepSpeed cpu_checkpointing)",
+                            formula="checkpointed layers x layer input (/ tp when "
+                            "partitioned) x micro-batches in flight"))
+    return lines, instants, init, outside
+
+
 def _ranks(model: ModelSpec, recipe: Recipe, device: Device,
            memo: dict[object, object] | None = None,
            load: str = "full") -> tuple[RankBreakdown, ...]:
     """One ``RankBreakdown`` per pipeline stage (the recipe is already checked): the load
     phase, then the first and the steady step."""
     dt = dtypes(recipe)
-    sdt = state_dtypes(recipe)  # the engine's stored states (FSDP: fp32 shards, no master)
-    on_cpu = recipe.platform.device == "cpu"
     ranks = []
     per_stage = recipe.parallelism.gpus // recipe.parallelism.pp
     for stage in layout(model, recipe, memo):
-        states = _states(stage, recipe, dt, memo)
-        lines = states + loop_lines(model, stage, recipe, dt, states)
-        lines += overhead_items(device, on_cpu)
-        lines += nccl_items(recipe, stage.index) + _step_lines(stage, recipe, dt)
-        instants = _instants(model, stage, recipe, dt, memo)
-        timeline = load_moments(stage, recipe, dt, lines, load=load,
-                                capacity_bytes=device.capacity_bytes) + moments(lines, instants)
-        outside = [ln.item for ln in lines if ln.item.pool != Pool.ALLOCATED]
-        par = recipe.parallelism
-        host_ckpt = cpu_checkpoint_bytes(model, stage, recipe, dt, inflight_microbatches(
-            par.pp, stage.index, par.pp_virtual, recipe.batch.grad_accum))
-        if host_ckpt:
-            outside.append(Item(category=Category.ACTIVATIONS, pool=Pool.HOST, bytes=host_ckpt,
-                                name="checkpointed layer inputs (DeepSpeed cpu_checkpointing)",
-                                formula="checkpointed layers x layer input (/ tp when "
-                                "partitioned) x micro-batches in flight"))
+        lines, instants, init, outside = _stage_parts(model, stage, recipe, device, dt, memo,
+                                                      load)
+        timeline = init + moments(lines, instants)
         slack = fragmentation_item(max(m.allocated_bytes for m in timeline), recipe)
         if slack is not None:
             outside.append(slack)
         ranks.append(RankBreakdown(role=_role(stage, recipe), ranks=per_stage,
                                    moments=timeline, outside=tuple(outside)))
     return tuple(ranks)
+
+
+def rank_totals(model: ModelSpec, recipe: Recipe, device: Device, *,
+                memo: dict[object, object] | None = None,
+                load: str = "full") -> list[tuple[str, int]]:
+    """(role, ``device_total_bytes``) of each rank of ``estimate(model, recipe, device,
+    load=load).ranks``, in order, from the same parts without building the moments: the peak
+    is ``timeline.peak_allocated`` (the largest moment's sum), the slack and the memory outside
+    torch are added as ``RankBreakdown.device_total_bytes`` adds them. ``memplan plan`` rejects
+    a candidate whose GPU overflows on these alone.
+
+    Raises:
+        ConfigError: as ``estimate`` (the same checks, run first).
+    """
+    check_compatible(model, recipe)
+    _check_load(load)
+    _trainable(model, recipe, memo)  # estimate's own refusals, if any, apply here too
+    dt = dtypes(recipe)
+    out = []
+    for stage in layout(model, recipe, memo):
+        lines, instants, init, outside = _stage_parts(model, stage, recipe, device, dt, memo,
+                                                      load)
+        peak = max(max(m.allocated_bytes for m in init), peak_allocated(lines, instants))
+        slack = fragmentation_item(peak, recipe)
+        if slack is not None:
+            outside.append(slack)
+        out.append((_role(stage, recipe), peak + sum(
+            i.bytes for i in outside if i.pool in (Pool.RESERVED, Pool.DEVICE))))
+    return out
 
 
 def estimate(model: ModelSpec, recipe: Recipe, device: Device, *,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from ..breakdown import ALL_PHASES, Item, Moment, Phase, Pool, Step
 from .lines import Line
 
-__all__ = ["Instant", "moments"]
+__all__ = ["Instant", "moments", "peak_allocated"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,20 +27,46 @@ class Instant:
     """Share of the parameter gradients produced by this instant (backward)."""
 
 
+def _live(lines: Iterable[Line], step: Step, phase: Phase) -> list[Line]:
+    """The allocated lines live during ``phase`` of ``step`` (lazy ones only from the first
+    optimizer step on)."""
+    return [ln for ln in lines if ln.item.pool == Pool.ALLOCATED and phase in ln.phases
+            and not (step == Step.FIRST and ln.lazy and phase != Phase.OPTIMIZER)]
+
+
 def _static(lines: Iterable[Line], step: Step, phase: Phase,
             progress: float = 1.0) -> tuple[Item, ...]:
     out = []
-    for ln in lines:
-        if ln.item.pool != Pool.ALLOCATED or phase not in ln.phases:
-            continue
-        if step == Step.FIRST and ln.lazy and phase != Phase.OPTIMIZER:
-            continue
+    for ln in _live(lines, step, phase):
         item = ln.item
         if ln.grows and phase == Phase.BACKWARD and progress < 1.0:
             item = replace(item, bytes=round(item.bytes * progress),
                            name=f"{item.name}, {progress:.0%} produced")
         out.append(item)
     return tuple(out)
+
+
+def peak_allocated(lines: Sequence[Line], instants: Sequence[Instant] = ()) -> int:
+    """``max(m.allocated_bytes for m in moments(lines, instants))`` without building the
+    moments: per (step, phase) the live lines' bytes, with a growing line at
+    ``round(bytes x progress)`` as ``_static`` writes it, plus each instant's own bytes."""
+    by_phase: dict[Phase, list[Instant]] = {p: [] for p in ALL_PHASES}
+    for inst in instants:
+        by_phase.setdefault(inst.phase, []).append(inst)
+    totals = []
+    for step in (Step.FIRST, Step.STEADY):
+        for phase in ALL_PHASES:
+            live = _live(lines, step, phase)
+            growing = [ln.item.bytes for ln in live if ln.grows and phase == Phase.BACKWARD]
+            fixed = sum(ln.item.bytes for ln in live) - sum(growing)
+            mine = by_phase[phase]
+            if not mine:
+                totals.append(fixed + sum(growing))
+            for inst in mine:
+                p = inst.progress
+                grown = sum(round(b * p) for b in growing) if p < 1.0 else sum(growing)
+                totals.append(fixed + grown + sum(i.bytes for i in inst.items))
+    return max(totals)
 
 
 def moments(lines: Sequence[Line], instants: Sequence[Instant] = ()) -> tuple[Moment, ...]:
