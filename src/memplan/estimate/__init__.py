@@ -27,7 +27,7 @@ from .timeline import Instant, moments, peak_allocated
 from .warnings import recipe_warnings
 from ..facts import Dtypes, dtypes
 
-__all__ = ["estimate", "rank_totals"]
+__all__ = ["estimate", "rank_totals", "stage_parts", "StageParts"]
 
 
 
@@ -181,34 +181,15 @@ def _stage_parts(model: ModelSpec, stage: Stage, recipe: Recipe, device: Device,
     return lines, instants, init, outside
 
 
-def _ranks(model: ModelSpec, recipe: Recipe, device: Device,
-           memo: dict[object, object] | None = None,
-           load: str = "full") -> tuple[RankBreakdown, ...]:
-    """One ``RankBreakdown`` per pipeline stage (the recipe is already checked): the load
-    phase, then the first and the steady step."""
-    dt = dtypes(recipe)
-    ranks = []
-    per_stage = recipe.parallelism.gpus // recipe.parallelism.pp
-    for stage in layout(model, recipe, memo):
-        lines, instants, init, outside = _stage_parts(model, stage, recipe, device, dt, memo,
-                                                      load)
-        timeline = init + moments(lines, instants)
-        slack = fragmentation_item(max(m.allocated_bytes for m in timeline), recipe)
-        if slack is not None:
-            outside.append(slack)
-        ranks.append(RankBreakdown(role=_role(stage, recipe), ranks=per_stage,
-                                   moments=timeline, outside=tuple(outside)))
-    return tuple(ranks)
+StageParts = tuple[Stage, list[Line], list[Instant], tuple[Moment, ...], list[Item]]
+"""A stage, and ``_stage_parts`` of one rank of it (read only: shared by the callers)."""
 
 
-def rank_totals(model: ModelSpec, recipe: Recipe, device: Device, *,
+def stage_parts(model: ModelSpec, recipe: Recipe, device: Device, *,
                 memo: dict[object, object] | None = None,
-                load: str = "full") -> list[tuple[str, int]]:
-    """(role, ``device_total_bytes``) of each rank of ``estimate(model, recipe, device,
-    load=load).ranks``, in order, from the same parts without building the moments: the peak
-    is ``timeline.peak_allocated`` (the largest moment's sum), the slack and the memory outside
-    torch are added as ``RankBreakdown.device_total_bytes`` adds them. ``memplan plan`` rejects
-    a candidate whose GPU overflows on these alone.
+                load: str = "full") -> tuple[StageParts, ...]:
+    """Each pipeline stage's parts, after ``estimate``'s own checks; ``estimate(parts=...)``
+    and ``rank_totals(parts=...)`` of the same arguments build on them.
 
     Raises:
         ConfigError: as ``estimate`` (the same checks, run first).
@@ -217,35 +198,73 @@ def rank_totals(model: ModelSpec, recipe: Recipe, device: Device, *,
     _check_load(load)
     _trainable(model, recipe, memo)  # estimate's own refusals, if any, apply here too
     dt = dtypes(recipe)
+    return tuple((stage, *_stage_parts(model, stage, recipe, device, dt, memo, load))
+                 for stage in layout(model, recipe, memo))
+
+
+def _ranks(model: ModelSpec, recipe: Recipe, device: Device,
+           memo: dict[object, object] | None = None, load: str = "full",
+           parts: tuple[StageParts, ...] | None = None) -> tuple[RankBreakdown, ...]:
+    """One ``RankBreakdown`` per pipeline stage (the recipe is already checked): the load
+    phase, then the first and the steady step."""
+    if parts is None:
+        dt = dtypes(recipe)
+        parts = tuple((stage, *_stage_parts(model, stage, recipe, device, dt, memo, load))
+                      for stage in layout(model, recipe, memo))
+    ranks = []
+    per_stage = recipe.parallelism.gpus // recipe.parallelism.pp
+    for stage, lines, instants, init, outside in parts:
+        timeline = init + moments(lines, instants)
+        slack = fragmentation_item(max(m.allocated_bytes for m in timeline), recipe)
+        ranks.append(RankBreakdown(role=_role(stage, recipe), ranks=per_stage,
+                                   moments=timeline, outside=tuple(outside) + (
+                                       (slack,) if slack is not None else ())))
+    return tuple(ranks)
+
+
+def rank_totals(model: ModelSpec, recipe: Recipe, device: Device, *,
+                memo: dict[object, object] | None = None, load: str = "full",
+                parts: tuple[StageParts, ...] | None = None) -> list[tuple[str, int]]:
+    """(role, ``device_total_bytes``) of each rank of ``estimate(model, recipe, device,
+    load=load).ranks``, in order, from the same parts without building the moments: the peak
+    is ``timeline.peak_allocated`` (the largest moment's sum), the slack and the memory outside
+    torch are added as ``RankBreakdown.device_total_bytes`` adds them. ``memplan plan`` rejects
+    a candidate whose GPU overflows on these alone. ``parts``: ``stage_parts`` of the same
+    arguments, when already built.
+
+    Raises:
+        ConfigError: as ``estimate`` (the same checks, run first).
+    """
+    if parts is None:
+        parts = stage_parts(model, recipe, device, memo=memo, load=load)
     out = []
-    for stage in layout(model, recipe, memo):
-        lines, instants, init, outside = _stage_parts(model, stage, recipe, device, dt, memo,
-                                                      load)
+    for stage, lines, instants, init, outside in parts:
         peak = max(max(m.allocated_bytes for m in init), peak_allocated(lines, instants))
         slack = fragmentation_item(peak, recipe)
-        if slack is not None:
-            outside.append(slack)
+        beside = [*outside, slack] if slack is not None else outside
         out.append((_role(stage, recipe), peak + sum(
-            i.bytes for i in outside if i.pool in (Pool.RESERVED, Pool.DEVICE))))
+            i.bytes for i in beside if i.pool in (Pool.RESERVED, Pool.DEVICE))))
     return out
 
 
 def estimate(model: ModelSpec, recipe: Recipe, device: Device, *,
              search_micro_batch: bool = True,
-             memo: dict[object, object] | None = None, load: str = "full") -> Breakdown:
+             memo: dict[object, object] | None = None, load: str = "full",
+             parts: tuple[StageParts, ...] | None = None) -> Breakdown:
     """Estimate per-rank GPU memory of training ``model`` with ``recipe`` on ``device``: the
     step's timeline per rank role, its peak, and the largest micro-batch that fits.
     ``memo``: a dict kept by a caller estimating many recipes of this one ``model``
     (``memplan.plan``): the activation simulation is reused where its inputs repeat.
     ``load``: how ranks read the checkpoint (``HostSetup.load``: full, rank0, sharded, meta);
     with the engine and the quantiser it decides the load phase (``estimate/load.py``).
+    ``parts``: ``stage_parts`` of these same arguments, when the caller already built them.
 
     Raises:
         ConfigError: the recipe cannot apply to this model (all problems listed).
     """
     check_compatible(model, recipe)
     _check_load(load)
-    ranks = _ranks(model, recipe, device, memo, load)
+    ranks = _ranks(model, recipe, device, memo, load, parts)
     mmb = max_micro_batch(model, recipe, device, load=load) if search_micro_batch else None
     return Breakdown(
         source="estimate",

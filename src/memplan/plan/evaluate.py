@@ -15,7 +15,7 @@ from typing import Any
 
 from ..breakdown import Breakdown
 from ..errors import MemplanError
-from ..estimate import estimate, rank_totals
+from ..estimate import estimate, rank_totals, stage_parts
 from ..hardware import Device, get_device
 from ..hardware.nodes import Node, get_node
 from ..host import HostSetup, NodeHardware, node_hardware, parse_size
@@ -199,9 +199,9 @@ class Evaluator:
         ``rank_totals`` (the estimate's parts, without its moments)."""
         load = self.setup.load if self.setup else "full"
         try:
+            parts = stage_parts(self.spec, recipe, self.device, memo=self.memo, load=load)
             if not full:
-                totals = rank_totals(self.spec, recipe, self.device, memo=self.memo,
-                                     load=load)
+                totals = rank_totals(self.spec, recipe, self.device, load=load, parts=parts)
                 worst = max(range(len(totals)), key=lambda i: totals[i][1])
                 role, peak = totals[worst]
                 if peak > self.device.capacity_bytes:  # Breakdown.fits
@@ -213,7 +213,7 @@ class Evaluator:
                         gpu_memory_per_node_bytes=0, step_seconds=None,
                         tokens_per_second=None, mfu=None, bottleneck=None, complete=False)
             b = estimate(self.spec, recipe, self.device, search_micro_batch=False,
-                         memo=self.memo, load=load)
+                         memo=self.memo, load=load, parts=parts)
             totals_b = [r.device_total_bytes for r in b.ranks]
             if full or max(totals_b) <= b.capacity_bytes:
                 b = with_host_and_time(b, self.spec, recipe, self.device, self.hw,
