@@ -6,7 +6,7 @@ module (``model_states``, ``overhead``) whose functions state their formula and 
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
 
 from ..breakdown import Breakdown, Category, Item, Moment, Phase, Pool, RankBreakdown
 from ..hardware import Device
@@ -70,14 +70,17 @@ def _by_component(model: ModelSpec, memo: dict[object, object] | None) -> dict[s
 
 def _states(stage: Stage, recipe: Recipe, dt: Dtypes,
             memo: dict[object, object] | None) -> list[Line]:
-    """``model_state_items`` of ``stage``; ``memo``: kept under what it reads, the stage
-    (``layout``'s key: method, tp, ep, pp; and the stage's index), every recipe part but the
-    batch, and of the batch only whether gradients accumulate (``grad_accum > 1``); ``dt``
-    derives from the recipe."""
+    """``model_state_items`` of ``stage``; ``memo``: kept under what it reads (``grep
+    recipe. estimate/model_states.py``; ``dt`` is ``dtypes(recipe)``, which reads precision,
+    engine and parallelism): the stage (``layout``'s key: method, tp, ep, pp; and the stage's
+    index), parallelism, offload, method, engine, precision, optimizer, loop, and of the batch
+    only whether gradients accumulate (``grad_accum > 1``). Not checkpointing, loss, platform:
+    the candidates that differ only there share the lines."""
     if memo is None:
         return model_state_items(stage, recipe, dt)
-    key = ("model_state_items", stage.index, recipe.batch.grad_accum > 1,
-           *(getattr(recipe, f.name) for f in fields(recipe) if f.name != "batch"))
+    key = ("model_state_items", stage.index, recipe.batch.grad_accum > 1, recipe.parallelism,
+           recipe.offload, recipe.method, recipe.engine, recipe.precision, recipe.optimizer,
+           recipe.loop)
     if key not in memo:
         memo[key] = model_state_items(stage, recipe, dt)
     return list(memo[key])  # type: ignore[call-overload]
