@@ -187,7 +187,8 @@ class Evaluator:
     def breakdown(self, recipe: Recipe) -> Breakdown:
         """The estimate of one candidate: what ``memplan estimate`` prints, without the
         largest-micro-batch search."""
-        b = estimate(self.spec, recipe, self.device, search_micro_batch=False, memo=self.memo)
+        b = estimate(self.spec, recipe, self.device, search_micro_batch=False, memo=self.memo,
+                     load=self.setup.load if self.setup else "full")
         return with_host_and_time(b, self.spec, recipe, self.device, self.hw, self.setup,
                                   memo=self.memo)
 
@@ -200,25 +201,24 @@ class Evaluator:
         load = self.setup.load if self.setup else "full"
         try:
             parts = stage_parts(self.spec, recipe, self.device, memo=self.memo, load=load)
-            if not full:
-                totals = rank_totals(self.spec, recipe, self.device, load=load, parts=parts)
-                worst = max(range(len(totals)), key=lambda i: totals[i][1])
-                role, peak = totals[worst]
-                if peak > self.device.capacity_bytes:  # Breakdown.fits
-                    self.evaluated += 1
-                    return Evaluated(
-                        recipe=recipe, peak_bytes=peak, capacity_bytes=self.device.capacity_bytes,
-                        worst_role=role, host_bytes=None, host_capacity_bytes=None,
-                        host_peak_moment=None, nvme_bytes=None, nvme_capacity_bytes=None,
-                        gpu_memory_per_node_bytes=0, step_seconds=None,
-                        tokens_per_second=None, mfu=None, bottleneck=None, complete=False)
+            totals = rank_totals(self.spec, recipe, self.device, load=load, parts=parts)
+            peaks = [t for _, t in totals]
+            worst = max(range(len(peaks)), key=peaks.__getitem__)
+            overflows = peaks[worst] > self.device.capacity_bytes  # Breakdown.fits
+            if overflows and not full:
+                self.evaluated += 1
+                return Evaluated(
+                    recipe=recipe, peak_bytes=peaks[worst],
+                    capacity_bytes=self.device.capacity_bytes, worst_role=totals[worst][0],
+                    host_bytes=None, host_capacity_bytes=None, host_peak_moment=None,
+                    nvme_bytes=None, nvme_capacity_bytes=None, gpu_memory_per_node_bytes=0,
+                    step_seconds=None, tokens_per_second=None, mfu=None, bottleneck=None,
+                    complete=False)
             b = estimate(self.spec, recipe, self.device, search_micro_batch=False,
                          memo=self.memo, load=load, parts=parts)
-            totals_b = [r.device_total_bytes for r in b.ranks]
-            if full or max(totals_b) <= b.capacity_bytes:
-                b = with_host_and_time(b, self.spec, recipe, self.device, self.hw,
-                                       self.setup, memo=self.memo)
+            b = with_host_and_time(b, self.spec, recipe, self.device, self.hw, self.setup,
+                                   memo=self.memo)
         except MemplanError:
             return None
         self.evaluated += 1
-        return Evaluated.of(recipe, b, totals_b)
+        return Evaluated.of(recipe, b, peaks)
