@@ -1,6 +1,8 @@
 """Candidates per second of ``memplan plan``'s search (issue #13): not a timed test, a
 benchmark to run on a quiet machine. Each search runs ``--repeat`` times in a fresh process
-state (a new evaluator, so no memo is carried over); the best and the median are printed.
+state (a new evaluator, so no memo is carried over); the best and the median are printed,
+in wall time and in this process's CPU time (``time.process_time``: on a shared machine the
+wall time also counts other processes; with ``--jobs 1`` the CPU time is the search's own).
 
     PYTHONPATH=src python scripts/bench_plan.py [--repeat 3] [--only NAME] [--jobs 2]
 """
@@ -27,14 +29,15 @@ SEARCHES = {
 default global batch (one sequence per GPU), sharded checkpoint loading."""
 
 
-def run(name: str, jobs: int) -> tuple[int, float, int]:
+def run(name: str, jobs: int) -> tuple[int, float, int, float]:
     model, nodes, seq = SEARCHES[name]
     spec = load_model(model)
     cluster = Cluster(gpu="H100-80GB", gpus=8 * nodes, gpus_per_node=8, node="DGX-H100")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     res = plan(spec, Recipe.of(seq_len=seq), cluster, fixed=frozenset({"seq_len"}),
                setup=HostSetup(load="sharded"), workers=jobs)
-    return res.candidates_evaluated, time.perf_counter() - t0, len(res.ranked)
+    return (res.candidates_evaluated, time.perf_counter() - t0, len(res.ranked),
+            time.process_time() - c0)
 
 
 def main() -> None:
@@ -44,14 +47,15 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (plan --jobs)")
     args = ap.parse_args()
     print(f"{'search':24} {'candidates':>10} {'fit':>6} {'best s':>8} {'median s':>8} "
-          f"{'best cand/s':>11} {'median cand/s':>13}")
+          f"{'best cand/s':>11} {'median cand/s':>13} {'best CPU s':>10} {'cand/CPU s':>10}")
     for name in args.only or SEARCHES:
         runs = [run(name, args.jobs) for _ in range(args.repeat)]
         n, fit = runs[0][0], runs[0][2]
-        secs = [s for _, s, _ in runs]
+        secs = [s for _, s, _, _ in runs]
+        cpu = min(c for _, _, _, c in runs)
         best, med = min(secs), statistics.median(secs)
         print(f"{name:24} {n:>10} {fit:>6} {best:>8.1f} {med:>8.1f} {n / best:>11.0f} "
-              f"{n / med:>13.0f}", flush=True)
+              f"{n / med:>13.0f} {cpu:>10.1f} {n / cpu:>10.0f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -172,9 +172,11 @@ class RankBreakdown:
     def peak_moment(self) -> Moment:
         """The moment with the most allocated bytes (the first one on a tie)."""
         best = self.moments[0]
+        most = best.allocated_bytes
         for m in self.moments[1:]:
-            if m.allocated_bytes > best.allocated_bytes:
-                best = m
+            n = m.allocated_bytes
+            if n > most:
+                best, most = m, n
         return best
 
     def step_peak(self, step: Step) -> int:

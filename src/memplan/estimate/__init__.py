@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..breakdown import Breakdown, Category, Item, Phase, Pool, RankBreakdown
+from ..breakdown import Breakdown, Category, Item, Moment, Phase, Pool, RankBreakdown
 from ..hardware import Device
 from ..model.spec import ModelSpec
 from ..recipe import Checkpointing, Offload, Parallelism, Recipe
@@ -18,16 +18,16 @@ from .checks import check_compatible
 from .layout import Stage, layout
 from .model_states import model_state_items
 from .overhead import fragmentation_item, nccl_items, overhead_items
-from .activations import cpu_checkpoint_bytes, stage_points
+from .activations import Point, cpu_checkpoint_bytes, points_key, stage_points
 from .lines import Line
 from .load import load_moments
 from .loop import loop_lines
 from .optimizer_step import optimizer_step_items
-from .timeline import Instant, moments
+from .timeline import Instant, moments, peak_allocated
 from .warnings import recipe_warnings
-from ..facts import Dtypes, dtypes, state_dtypes
+from ..facts import Dtypes, dtypes
 
-__all__ = ["estimate"]
+__all__ = ["estimate", "rank_totals", "stage_parts", "StageParts"]
 
 
 
@@ -52,12 +52,38 @@ def _trainable(model: ModelSpec, recipe: Recipe, memo: dict[object, object] | No
     return sum(h.numel for h in layout(model, whole, memo)[0].held if h.trainable)
 
 
+def _num_params(model: ModelSpec, memo: dict[object, object] | None) -> int:
+    if memo is None:
+        return model.num_params
+    if "num_params" not in memo:
+        memo["num_params"] = model.num_params
+    return memo["num_params"]  # type: ignore[return-value]
+
+
 def _by_component(model: ModelSpec, memo: dict[object, object] | None) -> dict[str, int]:
     if memo is None:
         return model.params_by_component()
     if "params_by_component" not in memo:
         memo["params_by_component"] = model.params_by_component()
     return dict(memo["params_by_component"])  # type: ignore[call-overload]
+
+
+def _states(stage: Stage, recipe: Recipe, dt: Dtypes,
+            memo: dict[object, object] | None) -> list[Line]:
+    """``model_state_items`` of ``stage``; ``memo``: kept under what it reads (``grep
+    recipe. estimate/model_states.py``; ``dt`` is ``dtypes(recipe)``, which reads precision,
+    engine and parallelism): the stage (``layout``'s key: method, tp, ep, pp; and the stage's
+    index), parallelism, offload, method, engine, precision, optimizer, loop, and of the batch
+    only whether gradients accumulate (``grad_accum > 1``). Not checkpointing, loss, platform:
+    the candidates that differ only there share the lines."""
+    if memo is None:
+        return model_state_items(stage, recipe, dt)
+    key = ("model_state_items", stage.index, recipe.batch.grad_accum > 1, recipe.parallelism,
+           recipe.offload, recipe.method, recipe.engine, recipe.precision, recipe.optimizer,
+           recipe.loop)
+    if key not in memo:
+        memo[key] = model_state_items(stage, recipe, dt)
+    return list(memo[key])  # type: ignore[call-overload]
 
 
 def _step_lines(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
@@ -76,11 +102,24 @@ def _step_lines(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
 def _instants(model: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
               memo: dict[object, object] | None = None) -> list[Instant]:
     """The activation timeline of one micro-batch, plus the saved activations of the other
-    micro-batches a pipeline stage holds in flight (1F1B: stage i holds pp - i)."""
-    points, grad_total = stage_points(model, stage, recipe, dt, memo)
+    micro-batches a pipeline stage holds in flight (1F1B: stage i holds pp - i). ``memo``:
+    kept under what it reads, the simulation's key (``points_key``) and the micro-batches in
+    flight."""
     par = recipe.parallelism
     inflight = inflight_microbatches(par.pp, stage.index, par.pp_virtual,
                                      recipe.batch.grad_accum)
+    if memo is None:
+        return _instants_of(*stage_points(model, stage, recipe, dt), inflight,
+                            par.pp_virtual > 1)
+    key = ("instants", points_key(model, stage, recipe, dt), inflight, par.pp_virtual > 1)
+    if key not in memo:
+        memo[key] = _instants_of(*stage_points(model, stage, recipe, dt, memo), inflight,
+                                 par.pp_virtual > 1)
+    return memo[key]  # type: ignore[return-value]
+
+
+def _instants_of(points: list[Point], grad_total: int, inflight: float,
+                 interleaved: bool) -> list[Instant]:
     fwd_end = max((p.saved for p in points if p.phase == "forward"), default=0)
     produced = 0
     out = []
@@ -95,7 +134,7 @@ def _instants(model: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
             more = f"{inflight - 1:g}"
             items.append(Item(category=Category.ACTIVATIONS,
                               name=f"{more} more micro-batches in flight "
-                              f"({'interleaved ' if par.pp_virtual > 1 else ''}1F1B)",
+                              f"({'interleaved ' if interleaved else ''}1F1B)",
                               bytes=int((inflight - 1) * fwd_end),
                               formula="1F1B: stage i holds pp - i micro-batches' activations "
                               "(Narayanan et al. 2021, §2.2); interleaved: Megatron-Core "
@@ -124,61 +163,119 @@ def inflight_microbatches(pp: int, stage: int, virtual: int, microbatches: int) 
     return chunks / virtual
 
 
+def _stage_parts(model: ModelSpec, stage: Stage, recipe: Recipe, device: Device, dt: Dtypes,
+                 memo: dict[object, object] | None, load: str
+                 ) -> tuple[list[Line], list[Instant], tuple[Moment, ...], list[Item]]:
+    """What one rank of ``stage`` is made of: the phase-long lines, the activation instants,
+    the load moments, and the lines outside the allocated pool (before the allocator slack,
+    which depends on the peak)."""
+    on_cpu = recipe.platform.device == "cpu"
+    states = _states(stage, recipe, dt, memo)
+    lines = states + loop_lines(model, stage, recipe, dt, states)
+    lines += overhead_items(device, on_cpu)
+    lines += nccl_items(recipe, stage.index) + _step_lines(stage, recipe, dt)
+    instants = _instants(model, stage, recipe, dt, memo)
+    init = load_moments(stage, recipe, dt, lines, load=load, capacity_bytes=device.capacity_bytes)
+    outside = [ln.item for ln in lines if ln.item.pool != Pool.ALLOCATED]
+    par = recipe.parallelism
+    host_ckpt = cpu_checkpoint_bytes(model, stage, recipe, dt, inflight_microbatches(
+        par.pp, stage.index, par.pp_virtual, recipe.batch.grad_accum))
+    if host_ckpt:
+        outside.append(Item(category=Category.ACTIVATIONS, pool=Pool.HOST, bytes=host_ckpt,
+                            name="checkpointed layer inputs (DeepSpeed cpu_checkpointing)",
+                            formula="checkpointed layers x layer input (/ tp when "
+                            "partitioned) x micro-batches in flight"))
+    return lines, instants, init, outside
+
+
+StageParts = tuple[Stage, list[Line], list[Instant], tuple[Moment, ...], list[Item]]
+"""A stage, and ``_stage_parts`` of one rank of it (read only: shared by the callers)."""
+
+
+def stage_parts(model: ModelSpec, recipe: Recipe, device: Device, *,
+                memo: dict[object, object] | None = None,
+                load: str = "full") -> tuple[StageParts, ...]:
+    """Each pipeline stage's parts, after ``estimate``'s own checks; ``estimate(parts=...)``
+    and ``rank_totals(parts=...)`` of the same arguments build on them.
+
+    Raises:
+        ConfigError: as ``estimate`` (the same checks, run first).
+    """
+    check_compatible(model, recipe)
+    _check_load(load)
+    _trainable(model, recipe, memo)  # estimate's own refusals, if any, apply here too
+    dt = dtypes(recipe)
+    return tuple((stage, *_stage_parts(model, stage, recipe, device, dt, memo, load))
+                 for stage in layout(model, recipe, memo))
+
+
 def _ranks(model: ModelSpec, recipe: Recipe, device: Device,
-           memo: dict[object, object] | None = None,
-           load: str = "full") -> tuple[RankBreakdown, ...]:
+           memo: dict[object, object] | None = None, load: str = "full",
+           parts: tuple[StageParts, ...] | None = None) -> tuple[RankBreakdown, ...]:
     """One ``RankBreakdown`` per pipeline stage (the recipe is already checked): the load
     phase, then the first and the steady step."""
-    dt = dtypes(recipe)
-    sdt = state_dtypes(recipe)  # the engine's stored states (FSDP: fp32 shards, no master)
-    on_cpu = recipe.platform.device == "cpu"
+    if parts is None:
+        dt = dtypes(recipe)
+        parts = tuple((stage, *_stage_parts(model, stage, recipe, device, dt, memo, load))
+                      for stage in layout(model, recipe, memo))
     ranks = []
     per_stage = recipe.parallelism.gpus // recipe.parallelism.pp
-    for stage in layout(model, recipe, memo):
-        states = model_state_items(stage, recipe, dt)
-        lines = states + loop_lines(model, stage, recipe, dt, states)
-        lines += overhead_items(device, on_cpu)
-        lines += nccl_items(recipe, stage.index) + _step_lines(stage, recipe, dt)
-        instants = _instants(model, stage, recipe, dt, memo)
-        timeline = load_moments(stage, recipe, dt, lines, load=load,
-                                capacity_bytes=device.capacity_bytes) + moments(lines, instants)
-        outside = [ln.item for ln in lines if ln.item.pool != Pool.ALLOCATED]
-        par = recipe.parallelism
-        host_ckpt = cpu_checkpoint_bytes(model, stage, recipe, dt, inflight_microbatches(
-            par.pp, stage.index, par.pp_virtual, recipe.batch.grad_accum))
-        if host_ckpt:
-            outside.append(Item(category=Category.ACTIVATIONS, pool=Pool.HOST, bytes=host_ckpt,
-                                name="checkpointed layer inputs (DeepSpeed cpu_checkpointing)",
-                                formula="checkpointed layers x layer input (/ tp when "
-                                "partitioned) x micro-batches in flight"))
+    for stage, lines, instants, init, outside in parts:
+        timeline = init + moments(lines, instants)
         slack = fragmentation_item(max(m.allocated_bytes for m in timeline), recipe)
-        if slack is not None:
-            outside.append(slack)
         ranks.append(RankBreakdown(role=_role(stage, recipe), ranks=per_stage,
-                                   moments=timeline, outside=tuple(outside)))
+                                   moments=timeline, outside=tuple(outside) + (
+                                       (slack,) if slack is not None else ())))
     return tuple(ranks)
+
+
+def rank_totals(model: ModelSpec, recipe: Recipe, device: Device, *,
+                memo: dict[object, object] | None = None, load: str = "full",
+                parts: tuple[StageParts, ...] | None = None) -> list[tuple[str, int]]:
+    """(role, ``device_total_bytes``) of each rank of ``estimate(model, recipe, device,
+    load=load).ranks``, in order, from the same parts without building the moments: the peak
+    is ``timeline.peak_allocated`` (the largest moment's sum), the slack and the memory outside
+    torch are added as ``RankBreakdown.device_total_bytes`` adds them. ``memplan plan`` rejects
+    a candidate whose GPU overflows on these alone. ``parts``: ``stage_parts`` of the same
+    arguments, when already built.
+
+    Raises:
+        ConfigError: as ``estimate`` (the same checks, run first).
+    """
+    if parts is None:
+        parts = stage_parts(model, recipe, device, memo=memo, load=load)
+    out = []
+    for stage, lines, instants, init, outside in parts:
+        peak = max(max(m.allocated_bytes for m in init), peak_allocated(lines, instants))
+        slack = fragmentation_item(peak, recipe)
+        beside = [*outside, slack] if slack is not None else outside
+        out.append((_role(stage, recipe), peak + sum(
+            i.bytes for i in beside if i.pool in (Pool.RESERVED, Pool.DEVICE))))
+    return out
 
 
 def estimate(model: ModelSpec, recipe: Recipe, device: Device, *,
              search_micro_batch: bool = True,
-             memo: dict[object, object] | None = None, load: str = "full") -> Breakdown:
+             memo: dict[object, object] | None = None, load: str = "full",
+             parts: tuple[StageParts, ...] | None = None) -> Breakdown:
     """Estimate per-rank GPU memory of training ``model`` with ``recipe`` on ``device``: the
     step's timeline per rank role, its peak, and the largest micro-batch that fits.
     ``memo``: a dict kept by a caller estimating many recipes of this one ``model``
     (``memplan.plan``): the activation simulation is reused where its inputs repeat.
     ``load``: how ranks read the checkpoint (``HostSetup.load``: full, rank0, sharded, meta);
     with the engine and the quantiser it decides the load phase (``estimate/load.py``).
+    ``parts``: ``stage_parts`` of these same arguments, when the caller already built them.
 
     Raises:
         ConfigError: the recipe cannot apply to this model (all problems listed).
     """
     check_compatible(model, recipe)
     _check_load(load)
-    ranks = _ranks(model, recipe, device, memo, load)
+    ranks = _ranks(model, recipe, device, memo, load, parts)
     mmb = max_micro_batch(model, recipe, device, load=load) if search_micro_batch else None
     return Breakdown(
         source="estimate",
-        model=ModelInfo(id=model.id, model_type=model.model_type, params=model.num_params,
+        model=ModelInfo(id=model.id, model_type=model.model_type, params=_num_params(model, memo),
                         trainable_params=_trainable(model, recipe, memo),
                         params_by_component=_by_component(model, memo),
                         layers=model.num_layers, source=model.source,

@@ -48,7 +48,10 @@ _ADAPTER_NAME = {"lora": "LoRA adapters", "qlora": "LoRA adapters", "dora": "DoR
 
 
 def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
-    """Lines for one rank of ``stage``."""
+    """Lines for one rank of ``stage``. Reads of ``recipe`` only parallelism, offload,
+    method, engine, precision, optimizer, loop and whether ``batch.grad_accum > 1``: the
+    estimator's memo keys these lines by exactly that (``estimate._states``); a new read
+    must join that key."""
     items: list[Line] = []
     trainable = [h for h in stage.held if h.trainable]
     base = [h for h in trainable if not h.adapter]

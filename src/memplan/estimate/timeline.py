@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from ..breakdown import ALL_PHASES, Item, Moment, Phase, Pool, Step
 from .lines import Line
 
-__all__ = ["Instant", "moments"]
+__all__ = ["Instant", "moments", "peak_allocated"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,17 +27,27 @@ class Instant:
     """Share of the parameter gradients produced by this instant (backward)."""
 
 
+def _live(lines: Iterable[Line], step: Step, phase: Phase) -> list[Line]:
+    """The allocated lines live during ``phase`` of ``step`` (lazy ones only from the first
+    optimizer step on)."""
+    return [ln for ln in lines if ln.item.pool == Pool.ALLOCATED and phase in ln.phases
+            and not (step == Step.FIRST and ln.lazy and phase != Phase.OPTIMIZER)]
+
+
+def _stepped_away(ln: Line, phase: Phase, progress: float, last: bool) -> bool:
+    """A line of the optimizer in backward that is not live at this backward instant:
+    ``stepping = "during"`` lines (one parameter's gradient and step temporaries) exist only
+    between the first and the last instant, ``"after"`` ones only at the last."""
+    return phase == Phase.BACKWARD and (
+        (ln.stepping == "during" and (progress <= 0.0 or last))
+        or (ln.stepping == "after" and not last))
+
+
 def _static(lines: Iterable[Line], step: Step, phase: Phase,
             progress: float = 1.0, last: bool = True) -> tuple[Item, ...]:
     out = []
-    for ln in lines:
-        if ln.item.pool != Pool.ALLOCATED or phase not in ln.phases:
-            continue
-        if step == Step.FIRST and ln.lazy and phase != Phase.OPTIMIZER:
-            continue
-        if phase == Phase.BACKWARD and (
-                (ln.stepping == "during" and (progress <= 0.0 or last))
-                or (ln.stepping == "after" and not last)):
+    for ln in _live(lines, step, phase):
+        if _stepped_away(ln, phase, progress, last):
             continue
         item = ln.item
         if ln.grows and phase == Phase.BACKWARD and progress < 1.0:
@@ -47,18 +57,65 @@ def _static(lines: Iterable[Line], step: Step, phase: Phase,
     return tuple(out)
 
 
+def peak_allocated(lines: Sequence[Line], instants: Sequence[Instant] = ()) -> int:
+    """``max(m.allocated_bytes for m in moments(lines, instants))`` without building the
+    moments: per (step, phase) the live lines' bytes, with a growing line at
+    ``round(bytes x progress)`` as ``_static`` writes it, plus each instant's own bytes."""
+    by_phase: dict[Phase, list[Instant]] = {p: [] for p in ALL_PHASES}
+    for inst in instants:
+        by_phase.setdefault(inst.phase, []).append(inst)
+    totals = []
+    for step in (Step.FIRST, Step.STEADY):
+        for phase in ALL_PHASES:
+            live = _live(lines, step, phase)
+            mine = by_phase[phase]
+            if any(ln.stepping for ln in live) and phase == Phase.BACKWARD:
+                for inst in mine:  # the optimizer in backward: which lines live varies
+                    items = _static(live, step, phase, inst.progress, inst is mine[-1])
+                    totals.append(sum(i.bytes for i in items + inst.items))
+                if not mine:
+                    totals.append(sum(i.bytes for i in _static(live, step, phase)))
+                continue
+            growing = [ln.item.bytes for ln in live if ln.grows and phase == Phase.BACKWARD]
+            fixed = sum(ln.item.bytes for ln in live) - sum(growing)
+            if not mine:
+                totals.append(fixed + sum(growing))
+            for inst in mine:
+                p = inst.progress
+                grown = sum(round(b * p) for b in growing) if p < 1.0 else sum(growing)
+                totals.append(fixed + grown + sum(i.bytes for i in inst.items))
+    return max(totals)
+
+
 def moments(lines: Sequence[Line], instants: Sequence[Instant] = ()) -> tuple[Moment, ...]:
     """Moments of the first and the steady step: each instant (or, for a phase without
-    instants, the phase itself) with the phase-long lines live then."""
+    instants, the phase itself) with the phase-long lines live then.
+
+    The phase-long lines of a (step, phase) are filtered once and reused by each of its
+    instants; only a backward instant that has produced part of the gradients, or any backward
+    instant under the optimizer in backward, rebuilds them (``_static`` with its progress), so
+    the items are those ``_static`` gives every instant."""
+    by_phase: dict[Phase, list[Instant]] = {p: [] for p in ALL_PHASES}
+    for inst in instants:
+        by_phase.setdefault(inst.phase, []).append(inst)
     out = []
     for step in (Step.FIRST, Step.STEADY):
         for phase in ALL_PHASES:
-            mine = [i for i in instants if i.phase == phase]
+            mine = by_phase[phase]
+            static = _static(lines, step, phase)
             if not mine:
-                out.append(Moment(step=step, phase=phase, label=str(phase),
-                                  items=_static(lines, step, phase)))
+                out.append(Moment(step=step, phase=phase, label=str(phase), items=static))
+                continue
+            grows = phase == Phase.BACKWARD and any(
+                ln.grows and ln.item.pool == Pool.ALLOCATED and phase in ln.phases
+                for ln in lines)
+            stepping = phase == Phase.BACKWARD and any(ln.stepping for ln in lines)
+            nonzero = tuple(i for i in static if i.bytes)
             for inst in mine:
-                static = _static(lines, step, phase, inst.progress, inst is mine[-1])
-                items = tuple(i for i in static + inst.items if i.bytes)
+                rebuild = stepping or (grows and inst.progress < 1.0)
+                here = (tuple(i for i in _static(lines, step, phase, inst.progress,
+                                                 inst is mine[-1]) if i.bytes)
+                        if rebuild else nonzero)
+                items = here + tuple(i for i in inst.items if i.bytes)
                 out.append(Moment(step=step, phase=phase, label=inst.label, items=items))
     return tuple(out)

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..breakdown import Breakdown
 from ..errors import MemplanError
-from ..estimate import estimate
+from ..estimate import estimate, rank_totals, stage_parts
 from ..hardware import Device, get_device
 from ..hardware.nodes import Node, get_node
 from ..host import HostSetup, NodeHardware, node_hardware, parse_size
@@ -187,7 +187,8 @@ class Evaluator:
     def breakdown(self, recipe: Recipe) -> Breakdown:
         """The estimate of one candidate: what ``memplan estimate`` prints, without the
         largest-micro-batch search."""
-        b = estimate(self.spec, recipe, self.device, search_micro_batch=False, memo=self.memo)
+        b = estimate(self.spec, recipe, self.device, search_micro_batch=False, memo=self.memo,
+                     load=self.setup.load if self.setup else "full")
         return with_host_and_time(b, self.spec, recipe, self.device, self.hw, self.setup,
                                   memo=self.memo)
 
@@ -195,15 +196,29 @@ class Evaluator:
         """The candidate's numbers; None when the estimator refuses the recipe for this model
         (a degree that does not divide it). Unless ``full``, a candidate whose GPU memory
         overflows is not given host RAM, NVMe and time (``Evaluated.complete`` False): its
-        rejection and its GPU numbers are the same either way."""
+        rejection and its GPU numbers are the same either way, and are read from
+        ``rank_totals`` (the estimate's parts, without its moments)."""
+        load = self.setup.load if self.setup else "full"
         try:
+            parts = stage_parts(self.spec, recipe, self.device, memo=self.memo, load=load)
+            totals = rank_totals(self.spec, recipe, self.device, load=load, parts=parts)
+            peaks = [t for _, t in totals]
+            worst = max(range(len(peaks)), key=peaks.__getitem__)
+            overflows = peaks[worst] > self.device.capacity_bytes  # Breakdown.fits
+            if overflows and not full:
+                self.evaluated += 1
+                return Evaluated(
+                    recipe=recipe, peak_bytes=peaks[worst],
+                    capacity_bytes=self.device.capacity_bytes, worst_role=totals[worst][0],
+                    host_bytes=None, host_capacity_bytes=None, host_peak_moment=None,
+                    nvme_bytes=None, nvme_capacity_bytes=None, gpu_memory_per_node_bytes=0,
+                    step_seconds=None, tokens_per_second=None, mfu=None, bottleneck=None,
+                    complete=False)
             b = estimate(self.spec, recipe, self.device, search_micro_batch=False,
-                         memo=self.memo)
-            totals = [r.device_total_bytes for r in b.ranks]
-            if full or max(totals) <= b.capacity_bytes:  # Breakdown.fits
-                b = with_host_and_time(b, self.spec, recipe, self.device, self.hw,
-                                       self.setup, memo=self.memo)
+                         memo=self.memo, load=load, parts=parts)
+            b = with_host_and_time(b, self.spec, recipe, self.device, self.hw, self.setup,
+                                   memo=self.memo)
         except MemplanError:
             return None
         self.evaluated += 1
-        return Evaluated.of(recipe, b, totals)
+        return Evaluated.of(recipe, b, peaks)

@@ -24,7 +24,7 @@ from .graph import Point, simulate
 from .policy import host_checkpoint_bytes, policy_of
 from .traffic import Traffic, graph_traffic
 
-__all__ = ["Point", "Traffic", "stage_points", "stage_traffic", "cpu_checkpoint_bytes"]
+__all__ = ["Point", "Traffic", "points_key", "stage_points", "stage_traffic", "cpu_checkpoint_bytes"]
 
 
 def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
@@ -106,12 +106,25 @@ def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
         g = stage_graph(spec, stage.layers, ctx, **args)  # type: ignore[arg-type]
         g.accumulate = acc
         return simulate(g), g.param_grad_bytes
-    if not args["last"]:
-        ctx = replace(ctx, loss="standard")  # read by the last stage's loss only (families.py)
-    key = ("stage_points", stage.layers, ctx, acc, *args.values())
+    key = _points_key(stage, ctx, args, acc)
     if key not in memo:
+        ctx = key[2]
         memo[key] = _composed(spec, stage.layers, ctx, args, memo, acc)
     return memo[key]  # type: ignore[return-value]
+
+
+def points_key(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> tuple[object, ...]:
+    """What ``stage_points`` reads of its arguments (one ``spec``): equal keys, equal points.
+    A caller memoising what it derives from the points alone keys it by this."""
+    ctx, args = _graph_args(spec, stage, recipe, dt)
+    return _points_key(stage, ctx, args, accumulates(recipe))
+
+
+def _points_key(stage: Stage, ctx: Ctx, args: dict[str, object],
+                acc: bool) -> tuple[object, ...]:
+    if not args["last"]:
+        ctx = replace(ctx, loss="standard")  # read by the last stage's loss only (families.py)
+    return ("stage_points", stage.layers, ctx, acc, *args.values())
 
 
 def _graph_args(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes

@@ -1,0 +1,92 @@
+"""``memplan plan``'s reuse changes no number (issue #13 item 2): more random candidates than
+``test_plan.py`` draws, with a host setup whose load mode is not the default, and the peak the
+planner reads without building the timeline (``estimate.rank_totals``) against the estimate's
+own ranks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from memplan.api import Machine, estimate_from_names
+from memplan.estimate import estimate, rank_totals
+from memplan.errors import MemplanError
+from memplan.hardware import get_device
+from memplan.host import HostSetup
+from memplan.model import load_model
+from memplan.plan import Cluster, Evaluated, Evaluator, make_space
+from memplan.recipe import Recipe
+
+
+def _numbers(e: Evaluated) -> tuple[object, ...]:
+    return (e.peak_bytes, e.capacity_bytes, e.worst_role, e.host_bytes, e.host_capacity_bytes,
+            e.host_peak_moment, e.nvme_bytes, e.nvme_capacity_bytes, e.step_seconds,
+            e.tokens_per_second, e.mfu, e.bottleneck)
+
+
+@pytest.mark.parametrize("model,gpus,seq,load", [("meta-llama/Llama-3.2-1B", 16, 8192, "sharded"),
+                                                 ("Qwen/Qwen2.5-0.5B", 8, 4096, "rank0")])
+def test_plan_equals_estimate_on_more_random_candidates(model: str, gpus: int, seq: int,
+                                                        load: str) -> None:
+    """60 candidates drawn at random after the memo has been warmed on 150 others: each
+    equals a fresh ``estimate_from_names`` with the same host setup, fitting or not."""
+    spec = load_model(model)
+    setup = HostSetup(load=load)
+    cluster = Cluster(gpu="H100-80GB", gpus=gpus, gpus_per_node=8, node="DGX-H100")
+    space = make_space(spec, Recipe.of(seq_len=seq), cluster, frozenset({"seq_len"}), None)
+    cands = list(space.recipes(spec))
+    rng = random.Random(len(cands) + gpus)
+    ev = Evaluator(spec, cluster, setup)
+    for r in rng.sample(cands, 150):
+        ev.evaluate(r)
+    machine = Machine(gpu="H100-80GB", node="DGX-H100")
+    checked = incomplete = 0
+    for r in rng.sample(cands, 60):
+        got = ev.evaluate(r)
+        try:
+            want = estimate_from_names(model, r, machine, setup, search_micro_batch=False)
+        except MemplanError:
+            assert got is None, r.to_dict()
+            continue
+        assert got is not None, r.to_dict()
+        ref = Evaluated.of(r, want)
+        if not got.complete:
+            incomplete += 1
+            assert not ref.gpu_fits
+            assert _numbers(got)[:3] == _numbers(ref)[:3], r.to_dict()
+            got = ev.evaluate(r, full=True)
+            assert got is not None
+        assert _numbers(got) == _numbers(ref), r.to_dict()
+        checked += 1
+    assert checked >= 40
+
+
+@pytest.mark.parametrize("model", ["meta-llama/Llama-3.2-1B", "deepseek-ai/DeepSeek-V2-Lite",
+                                   "google/gemma-2-2b"])
+def test_rank_totals_equal_the_estimates_ranks(model: str) -> None:
+    """Role and device total of every rank, for recipes across pipeline stages, interleaving,
+    accumulation, checkpointing, ZeRO, offload and load modes, memo or none."""
+    spec = load_model(model)
+    device = get_device("H100-80GB")
+    memo: dict[object, object] = {}
+    rng = random.Random(7)
+    seen = 0
+    for _ in range(40):
+        keys = dict(gpus=8, pp=rng.choice([1, 2, 4]), zero=rng.choice([0, 1, 2, 3]),
+                    micro_batch=rng.choice([1, 2, 4]), grad_accum=rng.choice([1, 4]),
+                    checkpointing=rng.choice(["none", "selective", "full"]),
+                    offload=rng.choice(["none", "optimizer"]), seq_len=2048)
+        if keys["pp"] > 1 and rng.random() < 0.5:
+            keys["pp_virtual"] = 2
+        load = rng.choice(["full", "sharded", "meta"])
+        try:
+            r = Recipe.of(**keys)
+            b = estimate(spec, r, device, search_micro_batch=False, load=load)
+        except MemplanError:
+            continue
+        want = [(rb.role, rb.device_total_bytes) for rb in b.ranks]
+        assert rank_totals(spec, r, device, memo=memo, load=load) == want, keys
+        assert rank_totals(spec, r, device, load=load) == want, keys
+        seen += 1
+    assert seen >= 15
