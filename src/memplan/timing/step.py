@@ -30,8 +30,10 @@ serial while the GPU waits.
 **Known limitations**: one matmul efficiency for every GEMM shape (small hidden sizes and TP
 shards are slower, so predictions are optimistic there); launches at the low end of the CPU
 cost, with whole-step run-ahead (a lower bound); no SM contention between NCCL and compute; no
-contention between GPUs sharing a PCIe switch or socket; FP8 matmuls are charged at the FP8
-peak, which real FP8 training does not reach (casts and scaling).
+contention between GPUs sharing a PCIe switch or socket. FP8 linears run at
+``min(fp8 peak, 16-bit peak x float8_linear_speedup)`` (torchao's H100 Float8Linear benchmark,
+1.39x at a large shape, casts and scaling included; ``rates.toml``); MFU stays against the FP8
+peak.
 """
 
 from __future__ import annotations
@@ -125,6 +127,10 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
                            f"{device.name}: rerun `memplan calibrate --gpu {device.name}` on "
                            "that GPU, or drop --calibration."])
     peak = peak_t * 1e12
+    linear_peak = peak   # fp8: casts and amax eat part of the fp8 GEMM's 2x (rates.toml)
+    bf16 = (device.tflops or {}).get(dtypes(recipe).compute) if key == "fp8" else None
+    if bf16:
+        linear_peak = min(peak, bf16 * 1e12 * constant("float8_linear_speedup"))
     cal_peak = (device.tflops or {}).get(cal.dtype) if cal else None
     cal_eff = cal.efficiency(cal.gemm_tflops, cal_peak) if cal else None
     eff = cal_eff or setup.matmul_efficiency or constant("matmul_efficiency")
@@ -146,7 +152,8 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
         att_cal = (cal.efficiency(cal.attention_fwd_tflops, cal_peak) or 1.0,
                    cal.efficiency(cal.attention_bwd_tflops, cal_peak) or 1.0)
     att_peak_t = (device.tflops or {}).get(dt.compute) or peak_t
-    kt = kernel_seconds(model, recipe, device, linear_peak=peak, attention_peak=att_peak_t * 1e12,
+    kt = kernel_seconds(model, recipe, device, linear_peak=linear_peak,
+                        attention_peak=att_peak_t * 1e12,
                         matmul_efficiency=eff, hbm_bytes_per_s=hbm,
                         bytes_per_element=1.0 if key == "fp8" else dtype_bytes(dt.compute),
                         attention_override=att_cal)
@@ -293,7 +300,8 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
         notes.append(f"calibrated on {cal.torch_device} ({cal.model} shapes, torch "
                      f"{cal.torch_version}): GEMMs {cal.gemm_tflops:g} TFLOP/s")
     details = {
-        "compute": f"GEMMs {kt.linear_s * m:.3g} s (rooflines at {eff:.0%} of {peak_t:g} "
+        "compute": f"GEMMs {kt.linear_s * m:.3g} s (rooflines at {eff:.0%} of "
+                   f"{linear_peak / 1e12:g} "
                    f"TFLOP/s {key}), attention {kt.attention_s * m:.3g} s (fwd/bwd at "
                    f"{att_f:.0%}/{att_b:.0%} of {att_peak_t:g} TFLOP/s)",
         "hbm": f"memory-bound kernels ({'fused chains' if fused else 'op by op, eager'}: norms, "
