@@ -298,6 +298,38 @@ def _engine(row: dict[str, str]) -> str | None:
     return None
 
 
+QWEN_DS_CONFIGS = {
+    # QwenLM/Qwen finetune/ds_config_zero2.json at b5fad3d and e8e1596 (the profiling commits):
+    # used by finetune_qlora_single_gpu.sh (--deepspeed finetune/ds_config_zero2.json) and as
+    # finetune_lora_ds.sh's default DS_CONFIG_PATH.
+    2: {"reduce_bucket_size": 200_000_000, "allgather_bucket_size": 200_000_000,
+        "overlap_comm": True, "contiguous_gradients": True},
+    # finetune/ds_config_zero3.json at the same commits (finetune_ds.sh; the README's 72B LoRA
+    # row: "pass --deepspeed finetune/ds_config_zero3.json to finetune_lora_ds.sh").
+    3: {"overlap_comm": True, "contiguous_gradients": True, "sub_group_size": 1_000_000_000,
+        "stage3_max_live_parameters": 1_000_000_000},
+}
+"""DeepSpeed knobs of Qwen's own configs; memplan's defaults are DeepSpeed's (5e8 buckets, no
+overlap_comm), which these rows did not use."""
+
+
+def _qwen_deepspeed(row: dict[str, str]) -> dict[str, object]:
+    """The ``zero_optimization`` knobs of the Qwen config a row ran (``QWEN_DS_CONFIGS``), with
+    ds_config_zero3.json's ``"auto"`` entries as the HF Trainer fills them from the model's
+    hidden size h: reduce_bucket_size = h*h, stage3_prefetch_bucket_size = int(0.9*h*h),
+    stage3_param_persistence_threshold = 10*h (transformers integrations/deepspeed.py
+    ``HfTrainerDeepSpeedConfig.trainer_config_finalize``)."""
+    zero = int(row["zero_stage"] or 0)
+    if row["source_group"] != "qwen-readme-profiling" or zero not in QWEN_DS_CONFIGS:
+        return {}
+    knobs = dict(QWEN_DS_CONFIGS[zero])
+    if zero == 3:
+        h = int(re.search(r"\bh=(\d+)", row["arch"]).group(1))
+        knobs.update(reduce_bucket_size=h * h, stage3_prefetch_bucket_size=int(0.9 * h * h),
+                     stage3_param_persistence_threshold=10 * h)
+    return knobs
+
+
 TORCHAO_01_GROUPS = ("torchtune-readme-2024-04", "torchtune-docs-qlora-tutorial")
 """torchtune sources whose commit pins ``torchao==0.1`` (pyproject.toml at c69fba18b and
 0914d5cfb): NF4 quantised without chunks. Later torchtune rows use torchao >= 0.2 (chunked,
@@ -339,6 +371,8 @@ def _recipe(row: dict[str, str]) -> Recipe:
         kw["optimizer_in_backward"] = True
     if engine := _engine(row):
         kw["engine"] = engine
+        if engine == "deepspeed":
+            kw.update(_qwen_deepspeed(row))
     if "model loaded in fp32" in row["notes"] and engine in ("fsdp1", "fsdp2") and (
             row["precision"].endswith("-mixed")):
         kw["frozen_dtype"] = "fp32"  # FSDP keeps the loaded dtype (DeepSpeed casts to 16-bit)
@@ -577,30 +611,31 @@ _QWEN_LOW = (
     "GiB), so a fixed cost memplan does not model is likely (the counter is not named: "
     "nvidia-smi with a larger CUDA 11.8 context, or flash-attn/apex buffers); not measured.")
 _QWEN_DS = (
-    "Qwen-1 full fine-tuning with DeepSpeed ZeRO-3 on one GPU: flat 43.5 for seq 256-2048, so "
-    "model states and DeepSpeed buffers set it. memplan holds 16 B/param + the 5e8 bucket; "
-    "fp32 gradient sub-groups (sub_group_size 1e9 elements: up to 4 GB) during the step and "
-    "the prefetch/max-live parameter buffers are candidates; not measured.")
+    "Qwen-1 full fine-tuning with DeepSpeed ZeRO-3 on one GPU (finetune_ds.sh, "
+    "ds_config_zero3.json): flat 43.5 for seq 256-2048, so model states and DeepSpeed buffers "
+    "set it. memplan holds 16 B/param, the fp32 cast of one 1e9-element sub_group (3.7 GiB) and "
+    "its flattened bf16 input (1.9 GiB, stage3.py _prepare_fp32_grad_for_sub_group) and the "
+    "h*h contiguous-gradients bucket; about 8.5 GiB is still missing. Candidates: parameters kept "
+    "gathered under stage3_max_live_parameters / max_reuse_distance = 1e9 (up to 1.9 GiB) and "
+    "what zero.Init and initialize_optimizer_states leave reserved; not measured.")
 _QWEN_INT4 = (
-    "Qwen-1 Q-LoRA on a GPTQ-int4 checkpoint: low at short sequences and within +10% at 8192 "
-    "(GT164-169: -38.5% at 256 to +9.4% at 8192): the published growth with seq_len is about "
-    "2/3 of memplan's and a fixed 2.5-5 GiB is missing at 256. auto-gptq's kernel scratch "
-    "buffers and Qwen's fp16 path for the Int4 models are candidates; not measured.")
+    "Qwen-1 Q-LoRA on a GPTQ-int4 checkpoint (finetune_qlora_single_gpu.sh: fp16, DeepSpeed "
+    "ZeRO-2 on one GPU): low at short sequences and high at 8192 (the published growth with "
+    "seq_len is about 2/3 of memplan's). The ZeRO-2 contiguous-gradients buckets (2 x 2e8 fp16 "
+    "elements with overlap_comm, 0.75 GiB; DeepSpeed setup_buckets) are now counted; a fixed "
+    "2-4 GiB is still missing at 256. auto-gptq's dequantisation temporaries (disable_exllama=True) "
+    "are a candidate; not measured.")
 MISSES.update({
     "GT037": "-21.2% (8.65 GiB reserved published, 6.82 predicted). " + _NF4_INIT,
-    "GT164": "-38.5% (5.80 published, 3.02-3.57 predicted). " + _QWEN_INT4,
-    "GT165": "-32.5% (6.00 published, 3.48-4.05 predicted). " + _QWEN_INT4,
-    "GT188": "-22.3% (11.50 published, 8.14-8.94 predicted). " + _QWEN_INT4,
-    "GT215": "-23.9% (18.70 published, 13.18-14.23 predicted). " + _QWEN_INT4,
-    "GT216": "-21.3% (18.40 published, 13.42-14.49 predicted). " + _QWEN_INT4,
+    "GT215": "-21.4% (18.70 published, 13.63-14.70 predicted). " + _QWEN_INT4,
     "GT156": "-22.4% (16.20 published, 11.60-12.57 predicted). " + _QWEN_LOW,
     "GT159": "-21.2% (14.00 published, 10.13-11.03 predicted; LoRA with embedding and lm_head "
              "trained through modules_to_save). " + _QWEN_LOW,
-    "GT170": "-24.0% (43.50 published, 31.11-33.06 predicted). " + _QWEN_DS,
-    "GT171": "-24.0% (43.50 published, 31.11-33.06 predicted). " + _QWEN_DS,
-    "GT172": "-24.0% (43.50 published, 31.11-33.06 predicted). " + _QWEN_DS,
-    "GT173": "-24.0% (43.50 published, 31.11-33.06 predicted). " + _QWEN_DS,
-    "GT174": "-21.6% (47.10 published, 34.78-36.91 predicted). " + _QWEN_DS,
+    "GT170": "-19.5% (43.50 published, 32.98-35.02 predicted). " + _QWEN_DS,
+    "GT171": "-19.5% (43.50 published, 32.98-35.02 predicted). " + _QWEN_DS,
+    "GT172": "-19.5% (43.50 published, 32.98-35.02 predicted). " + _QWEN_DS,
+    "GT173": "-19.5% (43.50 published, 32.98-35.02 predicted). " + _QWEN_DS,
+    "GT174": "-21.6% (47.10 published, 34.79-36.92 predicted). " + _QWEN_DS,
     "GT094": "-26.9% (12.74 published, 5.40-9.31 predicted). " + _LITGPT_QLORA,
     "GT096": "-27.0% (16.21 published, 7.34-11.84 predicted). " + _LITGPT_QLORA,
     "GT098": "-26.6% (13.31 published, 5.69-9.77 predicted). " + _LITGPT_QLORA,

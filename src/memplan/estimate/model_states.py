@@ -151,6 +151,19 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
             formula="DeepSpeed casts the 16-bit gradient partition to fp32 for the step "
             "(stage_1_and_2.py; ZeRO-3 one sub_group of 1e9 elements at a time)" + shard_note),
             (O,)))
+        if z == 3 and recipe.engine_kind == "deepspeed":
+            # the cast's input is a flattened 16-bit copy of the sub_group's gradients, alive
+            # while the fp32 one is made: "single_grad_partition = self.flatten(
+            # self.averaged_gradients[sub_group_id]).to(...)" (flatten = torch.cat, a copy of
+            # the narrows of grad_partitions_flat_buffer), stage3.py
+            # _prepare_fp32_grad_for_sub_group (DeepSpeed 0.19.8)
+            items.append(Line(Item(
+                category=Category.TEMPORARY,
+                name=f"flattened {dt.grad} gradients of one sub_group (cast input)",
+                bytes=math.ceil(n / 4 * gb),
+                formula=f"one sub_group x {gb:g} B (DeepSpeed stage3.py "
+                "_prepare_fp32_grad_for_sub_group: self.flatten(...).to(fp32))" + shard_note),
+                (O,)))
 
     # -- optimizer states and master weights ---------------------------------------------------
     # torch optimizers allocate states like the parameter: fp32 adapters get fp32 states.
@@ -190,7 +203,12 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
     cb, gb = dtype_bytes(dt.compute), dtype_bytes(dt.grad)
     t_numel = sum(h.numel for h in trainable)
     deepspeed = recipe.engine_kind == "deepspeed"
-    if recipe.parallelism.zero == 3 and recipe.parallelism.shard_degree > 1 and deepspeed \
+    # DeepSpeed allocates its contiguous_gradients buckets whatever the world size: ZeRO-3 in
+    # DeepSpeedZeroOptimizer_Stage3.__init__, ZeRO-1/2 in setup_buckets, called by the gradient
+    # hooks that contiguous_gradients registers (stage_1_and_2.py __init__: "if
+    # (self.partition_gradients or ... or self.contiguous_gradients):
+    # self.create_gradient_handling_hooks()"), so a one-GPU DeepSpeed run holds them too.
+    if recipe.parallelism.zero == 3 and deepspeed \
             and recipe.engine.contiguous_gradients and t_numel:
         out.append(_line(
             category=Category.COMMUNICATION, name="ZeRO-3 gradient bucket (contiguous_gradients)",
@@ -220,6 +238,9 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
                 category=Category.COMMUNICATION, name="unsharded gradients of one unit",
                 bytes=math.ceil(min(unit, t_numel) * ub), phases=(B,),
                 formula="reduce-scatter input of the unit in backward (PyTorch FSDP notes)"))
+    elif recipe.parallelism.zero in (1, 2) and recipe.parallelism.dp == 1 and deepspeed \
+            and recipe.engine.contiguous_gradients and t_numel:
+        out.append(_reduce_bucket(recipe, gb))
     elif recipe.parallelism.dp > 1 and t_numel:
         if recipe.parallelism.zero == 0:
             out.append(_line(
@@ -233,23 +254,14 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
             # reduce_bucket_size, all_gather_dp_groups gathers allgather_bucket_size at a time
             eng = recipe.engine
             if eng.contiguous_gradients:
-                # setup_buckets: torch.empty(reduce_bucket_size) in the 16-bit gradient dtype,
-                # whatever the model's size, and a second one under overlap_comm ("double
-                # buffers to avoid data access conflict"), deepspeed/runtime/zero/
-                # stage_1_and_2.py DeepSpeedZeroOptimizer.setup_buckets (0.19.8)
-                k = 2 if eng.overlap_comm else 1
-                n, how = k * eng.reduce_bucket_size, (
-                    f"{k} x reduce_bucket_size = {eng.reduce_bucket_size:.3g} elements, "
-                    "allocated whole (contiguous_gradients"
-                    + (" + overlap_comm" if eng.overlap_comm else "")
-                    + "; DeepSpeed stage_1_and_2.py setup_buckets)")
+                out.append(_reduce_bucket(recipe, gb))
             else:
                 n, how = min(eng.reduce_bucket_size, t_numel), (
                     f"reduce_bucket_size = {eng.reduce_bucket_size:.3g} elements of gradients "
                     "flattened for the reduce (DeepSpeed stage_1_and_2.py reduce_ipg_grads)")
-            out.append(_line(
-                category=Category.COMMUNICATION, name="ZeRO reduce bucket",
-                bytes=math.ceil(n * gb), phases=(B,), formula=how))
+                out.append(_line(
+                    category=Category.COMMUNICATION, name="ZeRO reduce bucket",
+                    bytes=math.ceil(n * gb), phases=(B,), formula=how))
             p_numel = sum(h.numel for h in stage.held)
             out.append(_line(
                 category=Category.COMMUNICATION, name="ZeRO all-gather bucket",
@@ -257,6 +269,21 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
                 formula=f"allgather_bucket_size = {eng.allgather_bucket_size:.3g} elements for "
                 "the updated parameters (DeepSpeed all_gather_dp_groups)"))
     return out
+
+
+def _reduce_bucket(recipe: Recipe, gb: float) -> Line:
+    """ZeRO-1/2 ``contiguous_gradients`` buckets: ``torch.empty(reduce_bucket_size)`` in the
+    16-bit gradient dtype, whatever the model's size, and a second one under ``overlap_comm``
+    ("double buffers to avoid data access conflict"), deepspeed/runtime/zero/stage_1_and_2.py
+    ``DeepSpeedZeroOptimizer.setup_buckets`` (0.19.8)."""
+    eng = recipe.engine
+    k = 2 if eng.overlap_comm else 1
+    return _line(
+        category=Category.COMMUNICATION, name="ZeRO reduce bucket",
+        bytes=math.ceil(k * eng.reduce_bucket_size * gb), phases=(B,),
+        formula=f"{k} x reduce_bucket_size = {eng.reduce_bucket_size:.3g} elements, allocated "
+        "whole (contiguous_gradients" + (" + overlap_comm" if eng.overlap_comm else "")
+        + "; DeepSpeed stage_1_and_2.py setup_buckets)")
 
 
 def _line(*, phases: tuple[Phase, ...] = ALL_PHASES, **kw) -> Line:
