@@ -477,6 +477,13 @@ def predict(case: Case, gpu: str | None = None) -> Result:
 # ---- fit / no-fit rows (README caveat 3) -----------------------------------------------------
 
 R_UNSLOTH = "Unsloth kernels column (offloaded checkpointing, fused CE: README caveat 3)"
+"""Not expressible yet: memplan has no activation offload (no Recipe field; ``offload`` covers
+optimizer / parameters only). Computed, not fitted: with full checkpointing the bf16 layer inputs
+alone are L x S x h x 2 B = 83.7 GiB for GT261 (Llama-3.1-8B, S 342,733) and 109.1 GiB for GT263
+(Llama-3.3-70B, S 89,389), above the 80 GB card, and 14.8 GiB for GT262 (70B, S 12,106) next to
+about 37 GiB of NF4 weights on a 48 GB card; the whole bf16 logits would be 81.9 / 21.4 GiB. So
+these rows fit only with the layer inputs on the host (Unsloth's offloaded checkpointer keeps one
+layer input, 2.61 / 1.36 GiB, on the GPU) and a chunked or fused cross-entropy."""
 R_LLMC = "llm.c (exact buffers and fused classifier, no PyTorch allocator)"
 
 R_UNSLOTH_HF = ("Unsloth README, Hugging Face + FA2 column: dtype, 4-bit type, optimizer and "
