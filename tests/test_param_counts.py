@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 # The model class each family trains with (our counts describe that class).
-_SEQ2SEQ = {"t5"}
+_SEQ2SEQ = {"t5", "mt5"}
 _MASKED = {"bert"}
 
 def _t5_forced_tie(model_id: str, spec) -> int:
@@ -19,7 +19,7 @@ def _t5_forced_tie(model_id: str, spec) -> int:
     "we tie weights always"), so FLAN-T5 built by transformers 5 shares lm_head with the input
     embedding; the checkpoints and the published totals have a separate lm_head (V x d)."""
     cfg = catalog()[model_id].config()
-    if cfg["model_type"] == "t5" and cfg.get("tie_word_embeddings") is False:
+    if cfg["model_type"] in ("t5", "mt5") and cfg.get("tie_word_embeddings") is False:
         return spec.vocab_size * spec.hidden_size
     return 0
 

@@ -48,10 +48,11 @@ from pathlib import Path
 
 import pytest
 
-from memplan import Category, Pool, Recipe, estimate, get_device, load_model
+from memplan import Breakdown, Category, Device, Pool, Recipe, estimate, get_device, load_model
 from memplan.errors import MemplanError
 from memplan.model.catalog import find
 from memplan.model.spec import LORA_TARGETS, ModelSpec
+from memplan.model.traits import GRAPHS
 from memplan.recipe import OPTIMIZERS
 from memplan.units import GIB
 
@@ -108,6 +109,8 @@ R_OFFLOAD = "activation / other offload"
 R_HEAD_LORA = "LoRA adapters on the embedding (not in Recipe.lora_targets)"
 R_UNSTATED = "settings not published (empty cell)"
 R_COVERED = "covered by tests/golden/test_weights_only.py"
+R_NO_TORCH = ("family without an analytic graph: its generic path (memplan.generic) needs torch "
+              "and transformers, not installed here")
 R_COVERED_MISS = ("covered by tests/golden/test_weights_only.py, where it is a miss (cause not "
                   "measured): -19.8%, the 1.7 GiB reserved above the modelled load phase, as GT037")
 
@@ -198,6 +201,38 @@ def _catalog_id(row: dict[str, str]) -> str | None:
     return entry.id if entry else None
 
 
+def _family(model_id: str) -> str:
+    entry = find(model_id)
+    assert entry is not None, model_id
+    return entry.family
+
+
+def is_generic(model_id: str) -> bool:
+    """A catalog model whose family has no analytic graph (``model.traits.GRAPHS``), estimated
+    through the generic path: the real transformers class on fake tensors, one step traced."""
+    return _family(model_id) not in GRAPHS
+
+
+@cache
+def _has_torch() -> bool:
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def estimate_row(model_id: str, recipe: Recipe, device: Device) -> Breakdown:
+    """``estimate()`` for a catalog family with a graph, the generic path otherwise (the same
+    dispatch as ``memplan estimate``, api.estimate_from_names)."""
+    if is_generic(model_id):
+        from memplan.generic import generic_estimate
+
+        return generic_estimate(model_id, _family(model_id), recipe, device)
+    return estimate(model(model_id), recipe, device, search_micro_batch=False)
+
+
 def _gpu(name: str) -> str | None:
     try:
         return get_device(name).name
@@ -208,6 +243,23 @@ def _gpu(name: str) -> str | None:
 def _grad_accum(notes: str) -> int:
     m = re.search(r"gradient[ _]accumulation(?:_steps=| )(\d+)", notes)
     return int(m.group(1)) if m else 1
+
+
+SEQ2SEQ_MAX_INPUT = re.compile(r"roughly <= (\d+) input tokens")
+"""The PEFT README's 2022 encoder-decoder rows (T0_3B, mt0-xxl) publish no seq_len; their notes
+give the data: ought/raft twitter_complaints tweets padded to the longest in the batch,
+"roughly <= 100 input tokens and <= 4 target tokens". Such a row is read as an upper-bound row
+(README caveat 4) at that maximum: memplan's T5 graph gives the decoder the encoder's length, so
+the estimate at 100 tokens over-counts the 4-token decoder (the band's top) and the one at
+``SEQ_LO_FRACTION`` x 100 = 25 tokens for both stacks is its bottom."""
+
+
+def _seq_len(row: dict[str, str]) -> tuple[int, bool] | None:
+    """(seq_len, is an upper bound) from the row, else from its notes; None when neither says."""
+    if row["seq_len"]:
+        return int(row["seq_len"]), row["seq_len_is_upper_bound"] == "1"
+    m = SEQ2SEQ_MAX_INPUT.search(row["notes"])
+    return (int(m.group(1)), True) if m else None
 
 
 def _framework(group: str) -> str:
@@ -225,8 +277,10 @@ def _reasons(row: dict[str, str]) -> list[str]:
         out.append(R_NOT_PEAK)
     if row["reliability"] == "C":
         out.append(R_GRADE_C)
-    if _catalog_id(row) is None:
+    if (mid := _catalog_id(row)) is None:
         out.append(R_MODEL)
+    elif is_generic(mid) and not _has_torch():
+        out.append(R_NO_TORCH)
     if row["compile"] == "1":
         out.append(R_COMPILE)
     if row["offload"] in ("activations", "other"):
@@ -235,11 +289,11 @@ def _reasons(row: dict[str, str]) -> list[str]:
     if "embed" in targets or ("LoRA (emb)" in row["notes"]
                                            and not _saved_modules(row)):
         out.append(R_HEAD_LORA)
-    needed = ["precision", "optimizer", "micro_batch", "seq_len", "checkpointing", "num_gpus",
+    needed = ["precision", "optimizer", "micro_batch", "checkpointing", "num_gpus",
               "zero_stage", "offload", "attention"]
     if row["method"] in ("lora", "qlora"):
         needed += ["lora_rank", "lora_targets"]
-    if any(not row[k] for k in needed) or row["attention"] == "unknown" or (
+    if any(not row[k] for k in needed) or _seq_len(row) is None or row["attention"] == "unknown" or (
             row["optimizer"] not in OPTIMIZERS) or row["method"] not in ("full", "lora", "qlora"):
         out.append(R_UNSTATED)
     if row["id"] in ("GT038", "GT120"):
@@ -349,7 +403,7 @@ def _recipe(row: dict[str, str]) -> Recipe:
     targets = row["lora_targets"]
     kw = dict(
         precision=row["precision"], optimizer=row["optimizer"], method=method,
-        micro_batch=int(row["micro_batch"]), seq_len=int(row["seq_len"]),
+        micro_batch=int(row["micro_batch"]), seq_len=_seq_len(row)[0],
         grad_accum=_grad_accum(row["notes"]), checkpointing=row["checkpointing"],
         attention=row["attention"], gpus=int(row["num_gpus"]), zero=int(row["zero_stage"]),
         tp=int(row["tp"] or 1), pp=int(row["pp"] or 1), cp=int(row["cp"] or 1),
@@ -407,7 +461,7 @@ def load() -> tuple[list[Case], list[Skip]]:
         if row["quantity"].startswith("gpu_mem_total_all_gpus"):
             value /= int(row["num_gpus"])  # README caveat 5: a sum over the GPUs
         rel = REL_TOL + (UNIT_TOL if "unit not stated" in row["notes"] else 0.0)
-        upper = row["seq_len_is_upper_bound"] == "1"
+        upper = _seq_len(row)[1]
         cases.append(Case(
             id=row["id"], group=row["source_group"], grade=row["reliability"],
             model_id=_catalog_id(row) or "", gpu=gpu or STAND_IN_GPU, stand_in_gpu=gpu is None,
@@ -431,7 +485,7 @@ def measured_context_gib(group: str) -> float | None:
 
 def _band(case: Case, recipe: Recipe, gpu: str) -> tuple[float, float]:
     """The predicted [lo, hi] of the row's counter for one recipe."""
-    b = estimate(model(case.model_id), recipe, get_device(gpu), search_micro_batch=False)
+    b = estimate_row(case.model_id, recipe, get_device(gpu))
     r = b.worst
     alloc, reserved, total = (x / GIB for x in (
         r.peak_allocated_bytes, r.peak_reserved_bytes, r.device_total_bytes))
@@ -457,6 +511,13 @@ def predict(case: Case, gpu: str | None = None) -> Result:
 # ---- fit / no-fit rows (README caveat 3) -----------------------------------------------------
 
 R_UNSLOTH = "Unsloth kernels column (offloaded checkpointing, fused CE: README caveat 3)"
+"""Not expressible yet: memplan has no activation offload (no Recipe field; ``offload`` covers
+optimizer / parameters only). Computed, not fitted: with full checkpointing the bf16 layer inputs
+alone are L x S x h x 2 B = 83.7 GiB for GT261 (Llama-3.1-8B, S 342,733) and 109.1 GiB for GT263
+(Llama-3.3-70B, S 89,389), above the 80 GB card, and 14.8 GiB for GT262 (70B, S 12,106) next to
+about 37 GiB of NF4 weights on a 48 GB card; the whole bf16 logits would be 81.9 / 21.4 GiB. So
+these rows fit only with the layer inputs on the host (Unsloth's offloaded checkpointer keeps one
+layer input, 2.61 / 1.36 GiB, on the GPU) and a chunked or fused cross-entropy."""
 R_LLMC = "llm.c (exact buffers and fused classifier, no PyTorch allocator)"
 
 R_UNSLOTH_HF = ("Unsloth README, Hugging Face + FA2 column: dtype, 4-bit type, optimizer and "
@@ -490,13 +551,15 @@ def _fit_row(row: dict[str, str]) -> FitCase | list[str]:
         reasons.append(R_UNSLOTH_HF)
     if row["source_group"] == "llm.c":
         reasons.append(R_LLMC)
-    if _catalog_id(row) is None:
+    if (mid := _catalog_id(row)) is None:
         reasons.append(R_MODEL)
+    elif is_generic(mid) and not _has_torch():
+        reasons.append(R_NO_TORCH)
     if reasons:
         return reasons
     kw = {k: row[k] for k in ("precision", "base_quant", "optimizer", "checkpointing",
                               "offload")}
-    if any(not v for v in kw.values()):
+    if any(not v for v in kw.values()) or _seq_len(row) is None:
         return [R_UNSTATED]
     recipe = _recipe(row)
     gpu = _gpu(row["gpu"])
@@ -684,7 +747,7 @@ def test_fit_matches_published(fc: FitCase):
     """oom=1: the estimate must not fit. Capacity boundaries: it must fit at that capacity.
     GT109 (litgpt, chunked CE) is usable here although its CE is chunked: the model states alone
     (8.03 B x 8 B in bf16-true AdamW) exceed 24 GB whatever the loss does."""
-    b = estimate(model(fc.model_id), fc.recipe, get_device(fc.gpu), search_micro_batch=False)
+    b = estimate_row(fc.model_id, fc.recipe, get_device(fc.gpu))
     cap = b.capacity_bytes if fc.capacity_gib is None else fc.capacity_gib * GIB
     need = b.worst.device_total_bytes
     assert (need <= cap) == fc.fits, (
@@ -740,10 +803,24 @@ def test_stand_in_gpu_does_not_matter(case: Case):
 
 
 def _arch(text: str) -> dict[str, int]:
+    """The arch column as numbers; an encoder-decoder's ``L=24+24`` is both stacks' layers."""
     out = {}
-    for key, value in re.findall(r"\b(h|d|L|H|KV|ffn|swiglu-inner|V)=(\d+)", text):
-        out["ffn" if key == "swiglu-inner" else "h" if key == "d" else key] = int(value)
+    for key, value in re.findall(r"\b(h|d|L|H|KV|ffn|swiglu-inner|V)=(\d+(?:\+\d+)?)", text):
+        out["ffn" if key == "swiglu-inner" else "h" if key == "d" else key] = sum(
+            int(v) for v in value.split("+"))
     return out
+
+
+def _config_arch(model_id: str) -> dict[str, int]:
+    """A generic-path model's architecture from its catalog config.json, read through
+    transformers' own config class (its ``attribute_map`` names: BLOOM's n_layer, n_head)."""
+    from transformers import AutoConfig
+
+    data = dict(find(model_id).config())
+    cfg = AutoConfig.for_model(data.pop("model_type"), **data)
+    heads = cfg.num_attention_heads
+    return {"h": cfg.hidden_size, "L": cfg.num_hidden_layers, "H": heads,
+            "KV": getattr(cfg, "num_key_value_heads", None) or heads, "V": cfg.vocab_size}
 
 
 def _spec_arch(spec: ModelSpec) -> dict[str, int]:
@@ -759,7 +836,8 @@ def test_arch_column_matches_catalog_model(row_id: str):
     """The catalog model we estimate (after ``MODEL_ALIASES``) has the row's architecture."""
     row = next(r for r in rows() if r["id"] == row_id)
     published = _arch(row["arch"])
-    ours = _spec_arch(model(_catalog_id(row) or ""))
+    mid = _catalog_id(row) or ""
+    ours = _config_arch(mid) if is_generic(mid) else _spec_arch(model(mid))
     if "KV" not in published and "H" in published:
         published["KV"] = published["H"]
     assert {k: ours[k] for k in published} == published
@@ -825,7 +903,7 @@ def report() -> str:
     out.append("| id | group | grade | expected | capacity GiB | memplan needs GiB | ok |")
     out.append("|---|---|---|---|---|---|---|")
     for f in FITS:
-        b = estimate(model(f.model_id), f.recipe, get_device(f.gpu), search_micro_batch=False)
+        b = estimate_row(f.model_id, f.recipe, get_device(f.gpu))
         cap = b.capacity_bytes / GIB if f.capacity_gib is None else f.capacity_gib
         need = b.worst.device_total_bytes / GIB
         out.append(f"| {f.id} | {f.group} | {f.grade} | {'fits' if f.fits else 'OOM'} | "
@@ -881,7 +959,7 @@ def summary() -> dict[str, object]:
 
 
 def _fit_ok(f: FitCase) -> bool:
-    b = estimate(model(f.model_id), f.recipe, get_device(f.gpu), search_micro_batch=False)
+    b = estimate_row(f.model_id, f.recipe, get_device(f.gpu))
     cap = b.capacity_bytes if f.capacity_gib is None else f.capacity_gib * GIB
     return (b.worst.device_total_bytes <= cap) == f.fits
 
