@@ -26,11 +26,17 @@ Llama with LoRA, fp32, per-layer wrapping, ``use_orig_params=True``): each layer
 gradient has 90,240 fp32 elements, the whole shard of its 180,480 (147,712 frozen + 32,768
 LoRA); the all-frozen root unit has none (``validation/fsdp1_flat_grad.json``).
 
+Not yet used by ``estimate``: whether a unit mixes them depends on the wrap policy, which no
+recipe field states (see below); applied to every FSDP1 LoRA recipe it moved the published
+GT140 (PEFT docs, QLoRA + FSDP with ``use_orig_params: false`` and PEFT's own wrap policy) from
+-18.7% to +21.8%. A recipe knob for the wrap policy should gate it.
+
 Known limitations: torchtune's ``lora_fsdp_wrap_policy`` wraps each LoRA module as its own unit
 (frozen and trainable never mix), which this cannot tell from a recipe; the units here are
 ``layout``'s (each layer; embedding and head together as the root, accelerate's
-``TRANSFORMER_BASED_WRAP``). QLoRA's packed 4-bit base is left out (FSDP1 refuses to flatten
-integer tensors: ``_validate_tensors_to_flatten``).
+``TRANSFORMER_BASED_WRAP``). A QLoRA base runs under FSDP1 only with a float
+``bnb_4bit_quant_storage`` (``_validate_tensors_to_flatten`` refuses integer tensors): its packed
+storage is then part of the flat parameter, and of the flat gradient, at its packed size.
 """
 
 from __future__ import annotations
@@ -50,15 +56,15 @@ def _units(stage: Stage, recipe: Recipe) -> list[tuple[Held, ...]]:
 
 
 def flat_grad_holds(stage: Stage, recipe: Recipe) -> list[Held]:
-    """The tensors an FSDP1 flat gradient covers: every non-quantized tensor of each unit
-    that holds a trainable one. For ``recipe`` other than FSDP1, the trainable tensors."""
+    """The tensors an FSDP1 flat gradient covers: every tensor of each unit that holds a
+    trainable one (a quantized one at its packed size). For ``recipe`` other than FSDP1, the trainable tensors."""
     trainable = [h for h in stage.held if h.trainable]
     if str(recipe.engine_kind) != "fsdp1" or not stage.units:
         return trainable
     out: list[Held] = []
     for unit in _units(stage, recipe):
         if any(h.trainable for h in unit):
-            out += [h for h in unit if h.trainable or not h.quantized]
+            out += list(unit)
     return out
 
 
