@@ -26,15 +26,11 @@ from memplan.export import export  # noqa: E402
 from memplan.validate import BOUNDS  # noqa: E402
 from memplan.validate.distributed import dist_cases  # noqa: E402
 
-KNOWN = {
-    "fsdp2 fp32 ckpt": "-5.25% (2 ranks), -4.57% (4 ranks): the peak is the backward of "
-        "model.layers.0, where the run holds the root unit's all-gathered parameters (embedding, "
-        "final norm and lm_head, 1,049,088 B in fp32) beside layer 0's (590,848 B): FSDP2 does "
-        "not reshard the root after forward (torch/distributed/fsdp/_fully_shard/_fsdp_state.py "
-        "_lazy_init). The estimate holds 2 x the largest unit (1,181,696 B): 458,240 B of the "
-        "496,288 B gap; the rest is in autograd temporaries. Measured with the allocation "
-        "stacks at the peak (validation/dist_nproc2.json categories).",
-}
+KNOWN: dict[str, str] = {}
+# "fsdp2 fp32 ckpt" was a strict xfail here (-5.25% on 2 ranks, -4.57% on 4) until the estimate
+# modelled FSDP2's root unit per moment (estimate/fsdp2_units.py): the root is never resharded
+# after forward, so at the backward of layer 0 it is gathered beside layer 0, with the head's
+# unsharded gradients and layer 1's reduce-scatter input.
 """Case -> the error measured when the xfail was written, and its cause."""
 
 

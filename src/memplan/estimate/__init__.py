@@ -20,6 +20,7 @@ from .model_states import model_state_items
 from .overhead import fragmentation_item, nccl_items, overhead_items
 from .activations import Point, cpu_checkpoint_bytes, points_key, stage_points
 from .lines import Line
+from .fsdp2_units import fsdp2_instants, fsdp2_per_moment
 from .load import load_moments
 from .loop import loop_lines
 from .optimizer_step import optimizer_step_items
@@ -175,6 +176,10 @@ def _stage_parts(model: ModelSpec, stage: Stage, recipe: Recipe, device: Device,
     lines += overhead_items(device, on_cpu)
     lines += nccl_items(recipe, stage.index) + _step_lines(stage, recipe, dt)
     instants = _instants(model, stage, recipe, dt, memo)
+    if fsdp2_per_moment(recipe):
+        persistent = any(ln.item.category == Category.GRADIENTS and Phase.FORWARD in ln.phases
+                         for ln in states)
+        instants = fsdp2_instants(stage, recipe, dt, instants, sharded_grads=not persistent)
     init = load_moments(stage, recipe, dt, lines, load=load, capacity_bytes=device.capacity_bytes)
     outside = [ln.item for ln in lines if ln.item.pool != Pool.ALLOCATED]
     par = recipe.parallelism

@@ -8,7 +8,8 @@ config it ran and every step's peaks per phase and moment.
 
 - ``fsdp2``: the accelerate YAML (``export --to accelerate``); its ``fsdp_config`` is applied the
   way accelerate applies FSDP2 (``fully_shard`` on each transformer block, then on the root;
-  ``mixed_precision: bf16`` -> ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``;
+  ``mixed_precision: bf16`` -> ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16,
+  output_dtype=bf16)``, accelerate 1.15 ``FullyShardedDataParallelPlugin.set_mixed_precision``;
   ``fsdp_reshard_after_forward``; ``fsdp_activation_checkpointing`` -> non-reentrant
   checkpointing of each block). ``accelerate launch`` itself cannot be used: on CPU it starts
   unsharded processes (``shared/facts/engines-on-cpu.md``).
@@ -105,7 +106,9 @@ def _fsdp2(model: Any, cfg: dict[str, Any], optimizer_name: str) -> _Engine:
     if fsdp.get("fsdp_activation_checkpointing"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.get("mixed_precision", "no"))
-    policy = (MixedPrecisionPolicy(param_dtype=mp, reduce_dtype=torch.float32) if mp
+    # accelerate 1.15 utils/dataclasses.py FullyShardedDataParallelPlugin.set_mixed_precision:
+    # {"param_dtype": dtype, "reduce_dtype": dtype, "output_dtype": dtype} for fsdp_version 2
+    policy = (MixedPrecisionPolicy(param_dtype=mp, reduce_dtype=mp, output_dtype=mp) if mp
               else MixedPrecisionPolicy())
     reshard = bool(fsdp.get("fsdp_reshard_after_forward", True))
     for block in _blocks(model):

@@ -1,0 +1,75 @@
+"""FSDP1 (``FullyShardedDataParallel``) flat gradients: a unit that mixes frozen and trainable
+parameters gets a gradient for all of them (issue #11 item 1).
+
+FSDP1 flattens each unit's parameters into one ``FlatParameter``. From torch 2.13,
+``torch/distributed/fsdp/``:
+
+- ``_flat_param.py`` ``FlatParamHandle._validate_tensors_to_flatten``: the flat parameter's
+  ``requires_grad`` is the OR over its tensors; ``use_orig_params=False`` refuses a unit that
+  mixes frozen and trainable tensors ("Must flatten tensors with uniform `requires_grad` when
+  `use_orig_params=False`"), so a LoRA model wrapped per decoder layer runs with
+  ``use_orig_params=True`` (the HF Trainer's default, ``training_args.py``:
+  ``fsdp_config.get("use_orig_params", "true")``).
+- ``_flat_param.py`` ``_use_unsharded_views(as_params=False)``: in forward and backward the
+  module's parameters are autograd views of the one flat parameter, so autograd computes a
+  gradient for the frozen views too, into one unsharded flat gradient of the whole unit;
+  ``_runtime_utils.py`` ``_reduce_grad`` reduce-scatters ``flat_param.grad`` whole and keeps a
+  sharded gradient of the whole shard. ``_use_sharded_grad_views`` then hands only trainable
+  parameters a view of it (frozen ones get ``None``), but the flat tensor stays.
+- The FSDP docstring (``fully_sharded_data_parallel.py``): "For ``use_orig_params=True``, FSDP
+  supports mixing frozen and non-frozen parameters, but it's recommended to avoid doing so to
+  prevent higher than expected gradient memory usage."
+- A unit with no trainable parameter has ``requires_grad = False`` and no gradient.
+
+Measured (``scripts/measure_fsdp1_flat_grad.py``, 2 ranks, gloo, CPU, torch 2.13, the tiny
+Llama with LoRA, fp32, per-layer wrapping, ``use_orig_params=True``): each layer unit's sharded
+gradient has 90,240 fp32 elements, the whole shard of its 180,480 (147,712 frozen + 32,768
+LoRA); the all-frozen root unit has none (``validation/fsdp1_flat_grad.json``).
+
+Not yet used by ``estimate``: whether a unit mixes them depends on the wrap policy, which no
+recipe field states (see below); applied to every FSDP1 LoRA recipe it moved the published
+GT140 (PEFT docs, QLoRA + FSDP with ``use_orig_params: false`` and PEFT's own wrap policy) from
+-18.7% to +21.8%. A recipe knob for the wrap policy should gate it.
+
+Known limitations: torchtune's ``lora_fsdp_wrap_policy`` wraps each LoRA module as its own unit
+(frozen and trainable never mix), which this cannot tell from a recipe; the units here are
+``layout``'s (each layer; embedding and head together as the root, accelerate's
+``TRANSFORMER_BASED_WRAP``). A QLoRA base runs under FSDP1 only with a float
+``bnb_4bit_quant_storage`` (``_validate_tensors_to_flatten`` refuses integer tensors): its packed
+storage is then part of the flat parameter, and of the flat gradient, at its packed size.
+"""
+
+from __future__ import annotations
+
+from ..recipe import Recipe
+from .layout import Held, Stage
+
+__all__ = ["flat_grad_holds", "mixes_frozen"]
+
+
+def _units(stage: Stage, recipe: Recipe) -> list[tuple[Held, ...]]:
+    """FSDP1 units of a stage: with one pipeline stage the embedding and head are the root."""
+    u = list(stage.units)
+    if recipe.parallelism.pp == 1 and len(u) >= 2:
+        return [u[0] + u[-1], *u[1:-1]]
+    return u
+
+
+def flat_grad_holds(stage: Stage, recipe: Recipe) -> list[Held]:
+    """The tensors an FSDP1 flat gradient covers: every tensor of each unit that holds a
+    trainable one (a quantized one at its packed size). For ``recipe`` other than FSDP1, the trainable tensors."""
+    trainable = [h for h in stage.held if h.trainable]
+    if str(recipe.engine_kind) != "fsdp1" or not stage.units:
+        return trainable
+    out: list[Held] = []
+    for unit in _units(stage, recipe):
+        if any(h.trainable for h in unit):
+            out += list(unit)
+    return out
+
+
+def mixes_frozen(stage: Stage, recipe: Recipe) -> bool:
+    """Whether an FSDP1 unit of ``stage`` holds both frozen and trainable tensors."""
+    return str(recipe.engine_kind) == "fsdp1" and any(
+        any(h.trainable for h in u) and not all(h.trainable for h in u)
+        for u in _units(stage, recipe))
