@@ -36,7 +36,9 @@ def measure_recipe(model: str, recipe: Recipe, device: Device, *, steps: int = 2
         base = torch.cuda.memory_allocated()
     w = build_workload(build_model(model, recipe, device=recipe.platform.device), recipe)
     measured = measure_step(w.model, w.batch, w.optimizer, autocast_dtype=w.autocast_dtype,
-                            loss_fn=w.loss_fn, steps=steps, **w.loop)
+                            loss_fn=w.loss_fn, steps=steps, **w.loop,
+                            compile_scope=str(recipe.platform.compile_scope)
+                            if recipe.platform.compile else "")
     dev = device.info()
     if cuda:
         # The allocator's own counters over the same steps (block rounding, workspaces and

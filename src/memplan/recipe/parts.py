@@ -134,6 +134,11 @@ class OffloadKind(StrEnum):
     NVME = "nvme"
 
 
+class CompileScope(StrEnum):
+    BLOCKS = "blocks"
+    MODEL = "model"
+
+
 class DeviceKind(StrEnum):
     CUDA = "cuda"
     CPU = "cpu"
@@ -348,9 +353,13 @@ class Platform:
     """``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``: the caching allocator maps memory
     in pages on demand, which removes most of its fragmentation (PyTorch default: off)."""
     compile: bool = False
-    """``torch.compile`` around the model (Inductor): elementwise chains run as fused kernels.
-    Used by the step time only (memory-bound traffic and kernel launches); the memory estimate
-    is that of the eager graph."""
+    """``torch.compile`` (Inductor): elementwise chains run as fused kernels, and the partitioner
+    recomputes cheap ops in the backward instead of saving them (``estimate/activations/
+    compiled.py``); memory-bound traffic and kernel launches of the step time shrink too."""
+    compile_scope: CompileScope = CompileScope.BLOCKS
+    """With ``compile``: ``blocks`` compiles each transformer block and the loss on their own
+    (torchtune ``compile: True``, torchtitan ``[compile]``); ``model`` the whole model as one
+    graph (``model.compile()``, HF Trainer ``torch_compile``, Accelerate ``dynamo_backend``)."""
 
     def __post_init__(self) -> None:
         check_part(self)

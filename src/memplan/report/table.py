@@ -40,6 +40,8 @@ def _recipe_line(r: dict[str, Any]) -> str:
         parts.append(f"ZeRO-{r['zero']}")
     if r["offload"] != "none":
         parts.append(f"offload={r['offload']}")
+    if r.get("compile"):
+        parts.append(f"torch.compile ({r.get('compile_scope', 'blocks')})")
     engine = r.get("engine", "auto")
     if engine == "auto" and r["gpus"] > 1:  # one GPU runs the same under every engine
         parts.append(f"engine={'deepspeed' if r['zero'] else 'ddp'} (assumed from zero="

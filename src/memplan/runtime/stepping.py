@@ -127,6 +127,8 @@ def measure_step(
     set_to_none: bool = True,
     grad_accum: int = 1,
     scale_in_place: bool = False,
+    compile_scope: str = "",
+    _compiled: bool = False,
 ) -> list[StepMeasurement]:
     """Run ``steps`` real training steps and count live tensor bytes in each.
 
@@ -148,7 +150,30 @@ def measure_step(
     ``grad_accum``: ``loss = loss / grad_accum`` as Accelerate's and the HF course's loops
     write it, or ``loss.div_(grad_accum)`` with ``scale_in_place``) run before each
     ``optimizer.step()``.
+
+    ``compile_scope`` (``blocks``, ``model``): the model is compiled first
+    (``memplan.runtime.compiled``) and one forward and backward run untracked, so that
+    compilation is done (gradients dropped again, no optimizer step); the steps are then counted
+    without module labels or saved-tensor hooks, which would make Dynamo fall back to eager.
     """
+    if compile_scope:
+        from .compiled import allocations_seen, compile_model
+        from .labels import layer_stack
+
+        with allocations_seen():
+            compiled_loss = compile_model(model, compile_scope, layer_stack(model))
+            loss_fn = compiled_loss or loss_fn
+            with (torch.autocast(next(model.parameters()).device.type, dtype=autocast_dtype)
+                  if autocast_dtype is not None else nullcontext()):
+                warm = (loss_fn or _default_loss)(model, batch)
+            warm.backward()
+            del warm
+            optimizer.zero_grad(set_to_none=True)
+            return measure_step(model, batch, optimizer, autocast_dtype=autocast_dtype,
+                                steps=steps, loss_fn=loss_fn, labels=False,
+                                outputs_kept=outputs_kept, zero_grad_at=zero_grad_at,
+                                set_to_none=set_to_none, grad_accum=grad_accum,
+                                scale_in_place=scale_in_place, _compiled=True)
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if outputs_kept and loss_fn is not None:
@@ -162,15 +187,20 @@ def measure_step(
     buffers = list(model.buffers())
     device_type = params[0].device.type if params else "cpu"
 
-    tracker = StorageTracker()
+    if _compiled:
+        from .compiled import CompiledTracker
+
+        tracker: StorageTracker = CompiledTracker()
+    else:
+        tracker = StorageTracker()
     labeller = ModuleLabeller(model, tracker) if labels else None
     owners = labeller.owner_of_tensor if labeller else {}
     results: list[StepMeasurement] = []
     outputs = None  # the loop's variable under outputs_kept
     try:
-        with tracker, torch.autograd.graph.saved_tensors_hooks(
+        with tracker, (nullcontext() if _compiled else torch.autograd.graph.saved_tensors_hooks(
             tracker.pack_hook, tracker.unpack_hook
-        ):
+        )):
             for step in range(steps):
                 tracker.set_phase(None)
                 if zero_grad_at == "after-step":  # after the last step = before this forward

@@ -138,7 +138,7 @@ def _hf_model(config: dict[str, Any], recipe: Recipe, where: str) -> Any:
     if not model_type:
         raise ModelConfigError(f"{where}: config has no 'model_type'; supply the model's "
                                "complete config.json.")
-    attn = "sdpa" if recipe.platform.attention == "flash" else recipe.platform.attention
+    attn = "sdpa" if recipe.platform.attention == "flash" else str(recipe.platform.attention)
     try:
         cfg = transformers.AutoConfig.for_model(model_type, **data)
     except (ValueError, KeyError) as e:

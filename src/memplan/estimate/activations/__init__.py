@@ -64,7 +64,8 @@ def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
                adapter=int(dtype_bytes(recipe.method.adapter_dtype)),
                train_act=int(pbytes), loss=recipe.loss.kind,
                sp=par.tp if par.sequence_parallel else 1, etp=par.expert_tp,
-               capacity=float(par.moe_capacity_factor))
+               capacity=float(par.moe_capacity_factor),
+               compile=str(recipe.platform.compile_scope) if recipe.platform.compile else "")
 
 
 def cpu_checkpoint_bytes(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,

@@ -72,9 +72,10 @@ class Blocks:
         if p <= 0:
             return x
         n = x.nbytes // x.itemsize
-        mask = self.new(n, x.itemsize if self.c.cpu else 1, grad=False)
+        # torch.compile decomposes dropout into ``rand < p`` (a bool mask) and a mul, on CPU too
+        mask = self.new(n, x.itemsize if self.c.cpu and not self.c.compile else 1, grad=False)
         y = self.new(n, x.itemsize, x.grad)
-        self.g.op([x], (mask, y), [mask])
+        self.g.op([x], (mask, y), [mask], origin="rng")
         return y
 
     # -- parameters ----------------------------------------------------------------------------
@@ -87,7 +88,7 @@ class Blocks:
         size = c.act if itemsize is None else itemsize
         if c.amp and size != c.half:
             w = self.new(numel, c.half, grad=trained, keep=trained)
-            self.g.op([], (w,))
+            self.g.op([], (w,), origin="param")
             return w, ((numel * c.half, numel * size),) if trained else ()
         return None, ((numel * size, 0),) if trained else ()
 

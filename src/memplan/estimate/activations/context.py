@@ -64,6 +64,8 @@ class Ctx:
     """The token embedding trains under a frozen-base method (PEFT ``modules_to_save``)."""
     head_trained: bool = False
     """The output layer trains under a frozen-base method (PEFT ``modules_to_save``)."""
+    compile: str = ""
+    """``torch.compile``'s regions (``compiled.SCOPES``: ``blocks``, ``model``); '' eager."""
 
     @property
     def tokens(self) -> int:

@@ -14,6 +14,7 @@ from .blocks import Blocks, Ctx
 from .graph import Graph as OpGraph
 from .graph import Tensor
 from . import litgpt_loss
+from .compiled import compiled
 from .ln_decoder import gelu_new, ln_decoder_layer
 from .peft_ops import prefix_kv
 from .policy import Policy
@@ -321,8 +322,17 @@ def stage_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: 
                 tp: int, attention: str, checkpointing: Policy,
                 train_from: int | None = None) -> OpGraph:
     """The forward of one pipeline stage (layers ``layers``; embedding if ``first``; final norm,
-    head and loss if ``last``) for one micro-batch on one rank. ``train_from``: layers from
-    this index on train even when ``ctx.trained`` is false (``method = freeze``)."""
+    head and loss if ``last``) for one micro-batch on one rank, as ``torch.compile`` runs it
+    under ``ctx.compile`` (``compiled.py``). ``train_from``: layers from this index on train
+    even when ``ctx.trained`` is false (``method = freeze``)."""
+    g = _eager_graph(spec, layers, ctx, first=first, last=last, tp=tp, attention=attention,
+                     checkpointing=checkpointing, train_from=train_from)
+    return compiled(g, ctx.compile) if ctx.compile else g
+
+
+def _eager_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last: bool,
+                 tp: int, attention: str, checkpointing: Policy,
+                 train_from: int | None = None) -> OpGraph:
     tr = _traits(spec)
     if tr.graph is Graph.T5:
         return t5_graph(spec, tr, ctx, attention=attention, checkpointing=checkpointing)

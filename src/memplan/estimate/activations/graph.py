@@ -69,6 +69,10 @@ class Op:
     cached: bool = False
     """In a group under a selective policy: the outputs are saved in the forward (``MUST_SAVE``)
     and reused by the recompute."""
+    origin: str = ""
+    """For ``compiled.py``: ``param`` a copy of a parameter (autocast's cast), ``rng`` a random
+    op (dropout), ``gemm`` a GEMM timed as memory-bound (LoRA's rank-r matmuls); '' anything
+    else."""
 
 
 @dataclass(slots=True)
@@ -133,11 +137,12 @@ class Graph:
 
     def op(self, inputs: tuple[Tensor, ...] | list[Tensor], outputs: tuple[Tensor, ...] = (),
            saves: tuple[Tensor, ...] | list[Tensor] = (), grads: tuple[Tensor, ...] | None = None,
-           params: tuple[tuple[int, int], ...] = (), kind: str = "ew", save: str = "") -> None:
+           params: tuple[tuple[int, int], ...] = (), kind: str = "ew", save: str = "",
+           origin: str = "") -> None:
         """Append an op; ``kind``: its kernel for the step time (see ``Op.kind``); ``save``: its
         kind for a per-op policy (``mm``: counted, every second one recomputed; ``attention``: a
         fused attention kernel; ``never``: an ``mm`` forced to recompute and not counted; ''
-        anything else, recomputed)."""
+        anything else, recomputed); ``origin``: see ``Op.origin``."""
         ins = tuple(t for t in inputs if t is not None)
         g = tuple(t for t in (ins if grads is None else grads) if t is not None and t.grad)
         kept = tuple(t for t in saves if t is not None)
@@ -152,7 +157,7 @@ class Graph:
             elif save == "attention":
                 cached = self.save_attention
         self.ops.append(Op(self.region, ins, tuple(outputs), kept, g, params, self.group, kind,
-                           cached))
+                           cached, origin))
         self.param_grad_bytes += sum(b32 or b for b, b32 in params)
 
 
@@ -242,6 +247,7 @@ def simulate(graph: Graph) -> list[Point]:
         if op.group >= 0:
             group_ops.setdefault(op.group, []).append(op)
     recomputed: set[int] = set()
+    waiting: dict[int, list[Tensor]] = {}  # gradients read by a fused chain, by its link
     held: Tensor | None = None  # a tied head's gradient (``Graph.tied``)
     last = ops[-1] if ops else None
     for op in reversed(ops):
@@ -281,10 +287,15 @@ def simulate(graph: Graph) -> list[Point]:
             if held is not None and op is graph.tied[0]:
                 extra += held.nbytes  # the two summed out of place (measured: 3 copies live)
             st.mark("backward", op.region, extra)
+        fused = [grad_of[id(t)] for t in op.grad_inputs
+                 if not t.nbytes and not t.external and id(t) in grad_of]
         for t in op.outputs:
             g = grad_of.pop(id(t), None)
             if g is not None:
-                st.free(g)
+                if fused:  # read by a fused kernel (compiled.py) until its chain ends
+                    waiting.setdefault(id(fused[0]), []).append(g)
+                else:
+                    _release(g, st, waiting)
         for t in op.saves:
             k = id(t)
             if k in remaining:
@@ -302,6 +313,14 @@ def simulate(graph: Graph) -> list[Point]:
             st.free(held)
             held = None
     return [st.points[k] for k in st.order]
+
+
+def _release(g: Tensor, st: _State, waiting: dict[int, list[Tensor]]) -> None:
+    """Free the gradient ``g`` and the gradients a fused backward kernel read to make it
+    (a 0-byte link of a fused chain holds the chain's input gradients until its own end)."""
+    st.free(g)
+    for h in waiting.pop(id(g), ()):
+        _release(h, st, waiting)
 
 
 def _run_forward(ops: list[Op], st: _State, phase: str, held: dict[int, int], *,

@@ -37,7 +37,10 @@ def _mm(b: Blocks, x: Tensor, n_in: int, n_out: int, t: int, *, trained: bool) -
     w, pg = b._weight(n_in * n_out, trained, c.adapter)
     out = b.new(t * n_out, c.half if c.amp else c.adapter, trained or xin.grad)
     saves = ([xin] if trained else []) + ([w] if w is not None and xin.grad else [])
-    b.g.op([xin] + ([w] if w is not None else []), (out,), saves, grads=(xin,), params=pg)
+    # a rank-r GEMM: memory-bound (timed by its bytes, ``kind = "ew"``), but a GEMM to the
+    # compiler (``origin = "gemm"``: never recomputed, never fused)
+    b.g.op([xin] + ([w] if w is not None else []), (out,), saves, grads=(xin,), params=pg,
+           origin="gemm")
     return out
 
 
