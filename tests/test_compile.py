@@ -117,3 +117,21 @@ def test_compile_lowers_saved_activations_of_a_catalog_model():
     eager = estimate(spec, Recipe.of(**kw), gpu("H100-80GB")).worst.peak_allocated_bytes
     comp = estimate(spec, Recipe.of(compile=True, **kw), gpu("H100-80GB")).worst.peak_allocated_bytes
     assert comp < 0.8 * eager
+
+
+def test_torchtitan_export_carries_compile_and_reads_it_back():
+    from memplan.export import export
+    from memplan.export.torchtitan import read_text
+
+    r = Recipe.of(precision="bf16-mixed", gpus=8, zero=3, engine="torchtitan", compile=True)
+    out = export(r, "torchtitan")
+    assert '[compile]\nenable = true\ncomponents = ["model", "loss"]' in out.text
+    assert "compile" not in out.not_carried
+    assert read_text(out.text, "job.toml").keys["compile"] is True
+
+
+def test_torchtitan_compile_without_the_loss_is_refused():
+    from memplan.export.torchtitan import read_text
+
+    with pytest.raises(ConfigError, match="components"):
+        read_text('[compile]\nenable = true\ncomponents = ["model"]\n', "job.toml")

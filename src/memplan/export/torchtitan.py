@@ -68,6 +68,8 @@ def job_config(recipe: Recipe) -> dict[str, dict[str, Any]]:
         cfg["optimizer"] = {"name": "AdamW" if recipe.optimizer.kind == "adamw" else "Adam"}
     if kind == "fp8-mixed":
         cfg["model"] = {"converters": ["float8"]}
+    if recipe.platform.compile:  # apply_compile: each TransformerBlock, and the loss
+        cfg["compile"] = {"enable": True, "components": ["model", "loss"]}
     return cfg
 
 
@@ -88,7 +90,8 @@ _MODELLED = {"training.local_batch_size", "training.global_batch_size", "trainin
              "parallelism.context_parallel_degree", "parallelism.expert_parallel_degree",
              "parallelism.expert_tensor_parallel_degree",
              "activation_checkpoint.mode", "activation_checkpoint.selective_ac_option",
-             "optimizer.name", "model.converters", "training.mixed_precision_reduce"}
+             "optimizer.name", "model.converters", "training.mixed_precision_reduce",
+             "compile.enable", "compile.components"}
 
 
 def read_text(text: str, where: str, hidden_size: int | None = None) -> Imported:
@@ -139,6 +142,16 @@ def read_text(text: str, where: str, hidden_size: int | None = None) -> Imported
         keys["checkpointing"] = "full"
         if int(option) > 1:
             keys["checkpoint_every"] = int(option)
+    comp = cfg.get("compile", {})
+    if comp.get("enable"):
+        parts = sorted(set(comp.get("components", ["model", "loss"])))
+        if parts != ["loss", "model"]:
+            raise ConfigError([f"{where}: [compile] components = {parts}: memplan models "
+                               "torch.compile of every TransformerBlock and the loss together "
+                               "(compile_scope=blocks); compiling one without the other would "
+                               "be estimated low. Use components = [\"model\", \"loss\"], or "
+                               "disable compile (the eager estimate is the upper bound)."])
+        keys["compile"] = True  # apply_compile: per TransformerBlock, compile_scope=blocks
     name = str(cfg.get("optimizer", {}).get("name", "AdamW"))
     keys["optimizer"] = "adam" if name == "Adam" else "adamw"
     ignored = tuple(k for k in leaves(cfg) if k not in _MODELLED)

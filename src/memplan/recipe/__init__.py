@@ -145,9 +145,12 @@ class Recipe:
         if self.platform.compile and self.platform.compile_scope == "model":
             p.add("compile_scope=model (one graph for the whole model) is not modelled: measured "
                   "on CPU its peak is 6-10% above per-block compilation (tiny Llama, fp32 and "
-                  "bf16-mixed), a cause not yet found, so an estimate would be low. Use "
-                  "compile_scope=blocks if you compile each block (torchtune, torchtitan), or "
-                  "leave compile off: the eager estimate was above every whole-model measurement.")
+                  "bf16-mixed). Seen in its graph: transformers builds the causal mask while "
+                  "tracing (an S x S mask saved for every SDPA call, and k/v repeated for GQA), "
+                  "and one backward graph frees saved tensors in its own order; not yet counted, "
+                  "so an estimate would be low. Use compile_scope=blocks if you compile each "
+                  "block (torchtune, torchtitan), or leave compile off: the eager estimate was "
+                  "above every whole-model measurement.")
         if m.kind != "qlora" and m.quant != "none":
             p.add(f"quant={m.quant} only applies to method=qlora: quantized base weights are "
                   "frozen, so full/freeze training cannot update them. Use method=qlora or "
