@@ -135,3 +135,33 @@ def test_torchtitan_compile_without_the_loss_is_refused():
 
     with pytest.raises(ConfigError, match="components"):
         read_text('[compile]\nenable = true\ncomponents = ["model"]\n', "job.toml")
+
+
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+def test_measure_session_measures_a_compiled_run_compiled():
+    """``memplan.measure``'s session used to make Dynamo run compiled code eagerly (a dispatch
+    mode on the stack) and measured the eager peak. Now the compiled step is measured: its peak
+    is the one ``measure_step`` records for the same compiled run, and well below eager's."""
+    torch = pytest.importorskip("torch")
+    from memplan.measure.loop import Session
+    from memplan.runtime.compiled import compile_model
+    from memplan.runtime.labels import layer_stack
+    from memplan.runtime.workload import build_model, build_workload
+
+    r = Recipe.of(precision="bf16-true", micro_batch=2, seq_len=64, device="cpu")
+
+    def peak(compile_it: bool) -> int:
+        w = build_workload(build_model(TINY.format("qwen2"), r, device="cpu"), r)
+        m, opt = w.model, w.optimizer
+        loss_fn = compile_model(m, "blocks", layer_stack(m)) if compile_it else None
+        with Session(model=m, optimizer=opt, plot=False) as s:
+            for _ in range(2):
+                loss = loss_fn(m, w.batch) if loss_fn else m(**w.batch).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                del loss
+        return s.steps[-1].peak_bytes
+
+    torch.manual_seed(0)
+    assert peak(True) < 0.8 * peak(False)

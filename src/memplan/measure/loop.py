@@ -29,8 +29,10 @@ What it records:
 
 Known limitations: the tracker costs a Python call per ATen op (a tiny model runs ~2-5x slower;
 large GPU kernels hide it); the event log of the open step is kept (it is compacted between
-steps); tensors created before the session are counted from their first use; torch.compile'd
-regions are seen as their ATen ops only when they run eagerly.
+steps); tensors created before the session are counted from their first use. torch.compile'd
+code keeps running compiled (``runtime.compiled``: the tracker lets Dynamo through and Inductor's
+buffers are allocated through the dispatcher while the session is open); code compiled before
+the session started allocates past the tracker (the CUDA allocator's counters still see it).
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ from ..runtime.book import (
 )
 from ..runtime.labels import BATCH, OPTIMIZER, ROOT, ModuleLabeller
 from ..runtime.steps import StepMeasurement, step_record
-from ..runtime.tracker import StorageTracker, Window, graph_task_id
+from ..runtime.compiled import CompiledTracker, allocations_seen
+from ..runtime.tracker import Window, graph_task_id
 from .assemble import assemble
 from .cuda_oom import record_history, watch_cuda_oom
 from .ending import parse_cuda_oom, signal_name
@@ -126,7 +129,10 @@ class Session:
                 self._stack.callback(watch_cuda_oom, None)
             if self.track_tensors and (off := record_history()) is not None:
                 self._stack.callback(off)
-        self.tracker = StorageTracker(before_op=self._before_op)
+        # torch.compile'd code runs compiled under this tracker, its buffers seen
+        # (``runtime.compiled``); a plain dispatch mode would make Dynamo run it eagerly
+        self.tracker = CompiledTracker(before_op=self._before_op)
+        self._stack.enter_context(allocations_seen())
         self.tracker.start_timing()
         self.labeller = None
         if self.model is not None:

@@ -45,18 +45,24 @@ class CompiledTracker(StorageTracker):
 
 @contextmanager
 def allocations_seen() -> Iterator[None]:
-    """Route Inductor's CPU buffer allocations through the dispatcher (module docstring)."""
+    """Route Inductor's CPU and CUDA buffer allocations through the dispatcher (module
+    docstring); code compiled while this is open allocates visibly for good."""
     guards = torch._C._dynamo.guards
-    fast = guards._empty_strided_cpu
+    fast = {"_empty_strided_cpu": "cpu", "_empty_strided_cuda": "cuda"}
+    saved = {name: getattr(guards, name) for name in fast if hasattr(guards, name)}
 
-    def empty_strided_cpu(size: Any, stride: Any, dtype: torch.dtype) -> torch.Tensor:
-        return torch.empty_strided(size, stride, dtype=dtype, device="cpu")
+    def routed(device: str) -> Callable[..., torch.Tensor]:
+        def empty_strided(size: Any, stride: Any, dtype: torch.dtype) -> torch.Tensor:
+            return torch.empty_strided(size, stride, dtype=dtype, device=device)
+        return empty_strided
 
-    guards._empty_strided_cpu = empty_strided_cpu
+    for name in saved:
+        setattr(guards, name, routed(fast[name]))
     try:
         yield
     finally:
-        guards._empty_strided_cpu = fast
+        for name, fn in saved.items():
+            setattr(guards, name, fn)
 
 
 def compile_model(model: torch.nn.Module, scope: str, stack: str | None
