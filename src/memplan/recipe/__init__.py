@@ -38,6 +38,7 @@ from .parts import (
     FrozenDtype,
     Loss,
     LossKind,
+    LogitsUpcast,
     Method,
     MethodKind,
     Offload,
@@ -56,7 +57,7 @@ from .parts import (
 __all__ = [
     "Recipe", "Precision", "Optimizer", "Method", "Batch", "Parallelism", "Checkpointing",
     "Offload", "Loss", "Platform", "PrecisionKind", "OptimizerKind", "MethodKind", "Quant", "Quantizer",
-    "CheckpointingKind", "CompileScope", "Attention", "LossKind", "OffloadKind", "DeviceKind", "GradDtype", "FrozenDtype",
+    "CheckpointingKind", "CompileScope", "Attention", "LossKind", "LogitsUpcast", "OffloadKind", "DeviceKind", "GradDtype", "FrozenDtype",
     "Loop", "Outputs", "ZeroGradAt", "OptimizerImpl", "PARTS", "KEYS", "PRECISIONS", "OPTIMIZERS", "METHODS", "QUANTS", "OFFLOADS",
     "read_recipe_toml", "read_recipe_file", "Engine", "EngineKind", "ENGINES",
 ]

@@ -127,6 +127,11 @@ class LossKind(StrEnum):
     CHUNKED_CE = "chunked-ce"
 
 
+class LogitsUpcast(StrEnum):
+    LOSS = "loss"
+    MODEL = "model"
+
+
 class OffloadKind(StrEnum):
     NONE = "none"
     OPTIMIZER = "optimizer"
@@ -336,6 +341,12 @@ class Loss:
     logits' dtype, no fp32 upcast), ``chunked-ce`` (litgpt ``finetune/full.py``: whole logits,
     ``chunked_cross_entropy`` over 128-row chunks in the logits' dtype). litgpt's loops hold
     the logits through the backward: pair both with ``outputs = "kept"``."""
+    logits_upcast: LogitsUpcast = LogitsUpcast.LOSS
+    """With ``standard``: where the logits become fp32. ``loss``: inside the loss function (HF
+    ``ForCausalLMLoss``, torchtitan's ``cross_entropy_loss``); ``model``: the model returns fp32
+    logits (torchtune 0.6 ``TransformerDecoder.unembed``: ``self.output(h).float()``), so the
+    16-bit logits die at once and, under ``compile``, the upcast runs outside the compiled
+    loss (its fp32 output is written and saved)."""
 
     def __post_init__(self) -> None:
         check_part(self)

@@ -63,6 +63,7 @@ def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
                head_trained="lm_head" in m.modules_to_save and m.kind != "full",
                adapter=int(dtype_bytes(recipe.method.adapter_dtype)),
                train_act=int(pbytes), loss=recipe.loss.kind,
+               upcast_in_model=recipe.loss.logits_upcast == "model",
                sp=par.tp if par.sequence_parallel else 1, etp=par.expert_tp,
                capacity=float(par.moe_capacity_factor),
                compile=str(recipe.platform.compile_scope) if recipe.platform.compile else "")

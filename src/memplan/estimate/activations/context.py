@@ -31,6 +31,8 @@ class Ctx:
     """Bytes per element of the adapter weights (PEFT keeps them in fp32 by default)."""
     loss: str = "standard"
     """Cross-entropy implementation (``Recipe.loss``)."""
+    upcast_in_model: bool = False
+    """The model returns fp32 logits (``Loss.logits_upcast = "model"``)."""
     capacity: float = 0.0
     """MoE capacity factor (``Recipe.moe_capacity_factor``; 0 dropless)."""
     sp: int = 1

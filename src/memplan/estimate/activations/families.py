@@ -402,8 +402,9 @@ def _eager_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last:
                 b.fused_lm_loss(x, h, V // tp, trained=ctx.trained or ctx.head_trained)
             return g
         head_bias = not tr.causal or any(t.name == "lm_head.bias" for t in spec.head)
-        logits = b.linear(x, h, V // tp, trained=head_trained, bias=head_bias,
-                          role=("lm_head",))
+        out = b.linear(x, h, V // tp, trained=head_trained, bias=head_bias, role=("lm_head",))
+        # torchtune returns self.output(h).float()
+        logits = b.cast(out, 4) if ctx.upcast_in_model and tr.causal else out
         g.region = "loss"
         if ctx.loss == "chunked-ce" and tr.causal:
             litgpt_loss.chunked_ce_loss(b, logits, V // tp)
@@ -412,6 +413,6 @@ def _eager_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last:
                              shift_copy=tr.shift_copy)
         if spec.tied_embeddings and first:
             ends = [o for o in g.ops if o.param_grads and (
-                o.region == "embedding" or logits in o.outputs)]
+                o.region == "embedding" or out in o.outputs)]
             g.tied = (ends[0], ends[-1]) if len(ends) == 2 else ()
     return g
