@@ -165,3 +165,21 @@ def test_measure_session_measures_a_compiled_run_compiled():
 
     torch.manual_seed(0)
     assert peak(True) < 0.8 * peak(False)
+
+
+def test_logits_upcast_in_the_model_costs_memory_only_under_compile():
+    """torchtune's model returns fp32 logits: eager, the same ops run (the 16-bit logits die
+    sooner, so never more memory); compiled per block, the fp32 logits are written by eager
+    code and saved by the compiled loss, where HF's in-loss upcast is fused away."""
+    from memplan.estimate import estimate
+    from memplan.hardware import get_device
+
+    spec, dev = load_model("meta-llama/Llama-3.2-1B"), get_device("H100-80GB")
+    kw = dict(precision="bf16-true", micro_batch=2, seq_len=2048)
+
+    def peak(**more) -> int:
+        return estimate(spec, Recipe.of(**kw, **more), dev).worst.peak_allocated_bytes
+
+    assert peak(logits_upcast="model") <= peak()
+    fp32_logits = 2 * 2048 * spec.vocab_size * 4
+    assert peak(compile=True, logits_upcast="model") - peak(compile=True) >= fp32_logits // 2
