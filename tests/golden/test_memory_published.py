@@ -329,6 +329,8 @@ def _litgpt(row: dict[str, str]) -> dict[str, object]:
     ``logits`` bound through the backward (``outputs="kept"``)."""
     if row["chunked_ce"] != "1":
         return {}
+    if _framework(row["source_group"]) == "torchtune":  # CEWithChunkedOutputLoss
+        return {"loss": "chunked"}
     head = "lm_head computed in 128-token chunks" in row["notes"]
     return {"loss": "chunked-head" if head else "chunked-ce", "outputs": "kept"}
 
@@ -700,14 +702,8 @@ MISSES.update({
              + _TT_COMPILE + "The rest is not explained (without the eager upcast: -18.9%).",
     "GT006": "-25.1% vs the band top (11.46 published, 7.81-8.59 predicted with compile; eager "
              "-16.1%). " + _TT_COMPILE + "Unexplained (2024-05 QLoRA, NF4 at load: see GT002).",
-    "GT017": "+17.2% (16.20 published, 18.99-20.33 predicted with compile; eager +23.3%). "
-             "Unexplained; the same torchtune table's full and QLoRA rows pass or are high too.",
-    "GT019": "+27.6% (7.40 published, 9.44-10.31 predicted with compile; eager +40.8%). "
-             "Unexplained (QLoRA, torchao NF4).",
-    "GT027": "+28.1% (24.90 active published, 31.89 predicted with compile and eager alike: with "
+    "GT027": "+20.2% (24.90 active published, 29.94 predicted with compile and eager alike: with "
              "full checkpointing the peak is the optimizer step). Unexplained.",
-    "GT028": "+12.9% (23.10 active published, 26.08 predicted with compile; eager +18.2%). "
-             "Unexplained.",
     "GT022": "+21.6% (44.80 published, 54.46-58.24 predicted with compile; eager +25.9%). "
              "Unexplained (405B QLoRA on 8 GPUs, FSDP).",
 })
