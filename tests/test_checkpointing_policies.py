@@ -111,7 +111,8 @@ def test_deepspeed_partition_and_cpu_checkpointing_move_layer_inputs():
     (dict(checkpointing="op", checkpoint_every=2), "need checkpointing=full"),
     (dict(checkpointing="selective", cpu_checkpointing=True), "need checkpointing=full"),
     (dict(checkpointing="full", checkpoint_every=2, checkpoint_layers=4), "set one"),
-    (dict(checkpointing="full", cpu_checkpointing=True), "set engine=deepspeed"),
+    (dict(checkpointing="full", cpu_checkpointing=True, engine="torchtitan", gpus=2, zero=3),
+     "has no such option"),
     (dict(checkpointing="full", partition_activations=True), "set engine=megatron"),
     (dict(checkpointing="full", partition_activations=True, engine="megatron", gpus=2, tp=2,
           sequence_parallel=True), "already split"),
@@ -156,3 +157,16 @@ def test_op_recomputes_every_second_mm_of_a_llama_layer():
     total = h * h + 2 * h * kv + h * h + 3 * h * f
     r = Recipe.of(checkpointing="op")
     assert math.isclose(recompute_matmul_share(r, layer, 0, 32), again / total)
+
+
+def test_torchtune_activation_offloading_is_cpu_checkpointing_on_a_single_gpu():
+    """torchtune's enable_activation_offloading with checkpointing (engine ddp, one GPU): the
+    layer inputs move to the host exactly as DeepSpeed's cpu_checkpointing moves them."""
+    spec = load_model("meta-llama/Llama-3.2-1B")
+    kw = dict(precision="bf16-true", micro_batch=2, seq_len=4096, checkpointing="full")
+    full = estimate(spec, Recipe.of(**kw), get_device("A100-80GB"))
+    off = estimate(spec, Recipe.of(cpu_checkpointing=True, **kw), get_device("A100-80GB"))
+    inputs = spec.num_layers * 2 * 4096 * spec.hidden_size * 2
+    assert full.worst.peak_allocated_bytes - off.worst.peak_allocated_bytes >= inputs * 0.9
+    host = [i for i in off.worst.outside if "cpu_checkpointing" in i.name]
+    assert sum(i.bytes for i in host) == inputs

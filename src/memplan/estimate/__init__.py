@@ -187,7 +187,9 @@ def _stage_parts(model: ModelSpec, stage: Stage, recipe: Recipe, device: Device,
         par.pp, stage.index, par.pp_virtual, recipe.batch.grad_accum))
     if host_ckpt:
         outside.append(Item(category=Category.ACTIVATIONS, pool=Pool.HOST, bytes=host_ckpt,
-                            name="checkpointed layer inputs (DeepSpeed cpu_checkpointing)",
+                            name="checkpointed layer inputs (cpu_checkpointing: "
+                            + ("DeepSpeed)" if str(recipe.engine_kind) == "deepspeed"
+                               else "torchtune activation offloading)"),
                             formula="checkpointed layers x layer input (/ tp when "
                             "partitioned) x micro-batches in flight"))
     return lines, instants, init, outside

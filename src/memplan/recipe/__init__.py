@@ -205,9 +205,11 @@ class Recipe:
             p.add("precision=fp8-mixed needs FP8 tensor cores (Hopper or newer); use "
                   "device=cuda.")
         ck = self.checkpointing
-        if ck.cpu_checkpointing and self.engine_kind != "deepspeed":
-            p.add("cpu_checkpointing is DeepSpeed's activation checkpointing option (engine "
-                  f"{self.engine_kind}); set engine=deepspeed or drop it.")
+        if ck.cpu_checkpointing and self.engine_kind in ("megatron", "torchtitan"):
+            p.add("cpu_checkpointing keeps the checkpointed layer inputs in host RAM (DeepSpeed "
+                  "cpu_checkpointing, torchtune enable_activation_offloading); "
+                  f"{self.engine_kind} has no such option. Use engine=deepspeed, ddp, fsdp1 or "
+                  "fsdp2, or drop it.")
         if ck.partition_activations and self.engine_kind not in ("deepspeed", "megatron"):
             p.add("partition_activations is DeepSpeed's partition_activations / Megatron's "
                   f"distribute_saved_activations (engine {self.engine_kind}); set "

@@ -292,8 +292,12 @@ class Checkpointing:
     ``distribute_saved_activations``): each checkpointed layer input is split over the
     tensor-parallel ranks (1/tp each), all-gathered again for the recompute."""
     cpu_checkpointing: bool = False
-    """With ``full``: DeepSpeed ``activation_checkpointing.cpu_checkpointing``: the checkpointed
-    layer inputs live in host RAM (counted on the host), copied back for the recompute."""
+    """With ``full``: the checkpointed layer inputs live in host RAM (counted on the host),
+    copied back for the recompute. DeepSpeed ``activation_checkpointing.cpu_checkpointing``;
+    torchtune ``enable_activation_offloading`` with activation checkpointing (0.6.1
+    ``training/_activation_offloading.py`` ``OffloadActivations``: a saved-tensors hook copies
+    every saved tensor of 1 KiB or more to pinned host memory, and torch's non-reentrant
+    checkpoint saves the layer inputs through it, ``_NoopSaveInputs``)."""
 
     def __post_init__(self) -> None:
         check_part(self)
