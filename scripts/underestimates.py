@@ -60,12 +60,11 @@ def _sweep_key(case) -> tuple:
 
 
 def _row(golden, case) -> dict[str, object]:
-    from memplan import Category, estimate, get_device  # noqa: PLC0415
+    from memplan import Category, get_device  # noqa: PLC0415
     from memplan.units import GIB  # noqa: PLC0415
 
     res = golden._predicted(case)
-    b = estimate(golden.model(case.model_id), case.recipe, get_device(case.gpu),
-                 search_micro_batch=False).worst
+    b = golden.estimate_row(case.model_id, case.recipe, get_device(case.gpu)).worst
     cats = b.categories_at_peak()
     per_token = (cats.get(Category.ACTIVATIONS, 0) + cats.get(Category.TEMPORARY, 0)) / GIB
     gap = max(0.0, case.value_gib - res.hi_gib)
