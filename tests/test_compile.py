@@ -183,3 +183,8 @@ def test_logits_upcast_in_the_model_costs_memory_only_under_compile():
     assert peak(logits_upcast="model") <= peak()
     fp32_logits = 2 * 2048 * spec.vocab_size * 4
     assert peak(compile=True, logits_upcast="model") - peak(compile=True) >= fp32_logits // 2
+
+
+def test_trace_refuses_compile_rather_than_report_the_eager_step():
+    r = CliRunner().invoke(app, ["trace", TINY.format("llama"), "--device", "cpu", "--compile"])
+    assert r.exit_code == 2 and "trace runs the model eagerly" in r.output

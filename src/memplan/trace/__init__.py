@@ -83,6 +83,12 @@ def trace(model: str, recipe: Recipe, device: Device, *, steps: int = 2) -> Brea
     from ..runtime.steps import to_breakdown
 
     check_traceable(recipe)
+    if recipe.platform.compile:
+        raise TraceError("compile=true: trace runs the model eagerly under fake tensors, where "
+                         "torch.compile's partitioner and Inductor's fusion do not run, so it "
+                         "would report the eager step. Use `memplan estimate --compile` (the "
+                         "compiled graph, modelled) or measure a real run (`memplan measure`, "
+                         "`memplan validate`).")
     if recipe.optimizer.kind == "adafactor":
         raise TraceError("optimizer=adafactor: torch.optim.Adafactor reads a tensor's value "
                          "(.item()) in its step, which fake tensors cannot give; trace with "
