@@ -16,6 +16,7 @@ from memplan import api
 from memplan.cli import app
 from memplan.estimate import estimate
 from memplan.hardware import get_device
+from memplan.errors import UnsupportedModel
 from memplan.model import load_model
 from memplan.model.peft_targets import target_modules
 from memplan.model.spec import LORA_TARGETS
@@ -36,11 +37,15 @@ def test_lora_and_qlora_estimate_every_catalog_model():
     """Every catalog model (173 ids) under LoRA and QLoRA (nf4-dq) estimates; the adapters are
     trainable and fewer than the model's parameters. (The issue saw 12 of 58 fail.)"""
     h100 = get_device("H100-80GB")
-    failed = []
+    failed, generic = [], set()
     for method in ({"method": "lora"}, {"method": "qlora", "quant": "nf4-dq"}):
         recipe = Recipe.from_dict({**method, "seq_len": 256})
         for mid in CATALOG:
-            model = load_model(mid)
+            try:
+                model = load_model(mid)
+            except UnsupportedModel:  # no graph of memplan's own: the generic path traces it
+                generic.add(mid)  # (tests/test_generic_path.py, LoRA included)
+                continue
             try:
                 b = estimate(model, recipe, h100, search_micro_batch=False)
             except Exception as e:  # noqa: BLE001 - collect every failure, report them all
@@ -49,6 +54,7 @@ def test_lora_and_qlora_estimate_every_catalog_model():
             if not 0 < b.model.trainable_params < b.model.params:
                 failed.append(f"{mid} {method['method']}: trainable {b.model.trainable_params}")
     assert len(CATALOG) > 150
+    assert generic == {"bigscience/bloomz-7b1"}, generic
     assert not failed, "\n".join(failed)
 
 
