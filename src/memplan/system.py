@@ -33,6 +33,8 @@ def stage_loads(model: ModelSpec, recipe: Recipe,
         stages = layout(model, recipe, memo)
         return [StageLoad(layers=st.layers,
                           trainable=float(sum(h.numel for h in st.held if h.trainable)),
+                          expert_trainable=float(sum(h.numel for h in st.held
+                                                     if h.trainable and h.expert)),
                           traffic=stage_traffic(model, st, recipe, dt, memo))
                 for st in stages]
     except UnsupportedModel:

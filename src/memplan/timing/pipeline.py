@@ -38,6 +38,9 @@ class StageLoad:
     trainable: float
     """Trainable elements on one rank of the stage (after TP / EP splits; the embedding on the
     first stage, the output layer on the last)."""
+    expert_trainable: float = 0.0
+    """Part of ``trainable`` in routed experts: their gradients reduce over the expert-data-
+    parallel group and ZeRO shards them over it (``Parallelism.expert_shard_degree``)."""
     traffic: Traffic | None = None
     """Memory-bound bytes and kernel launches of one micro-batch through the stage (the
     estimator's op graph); None: not known."""

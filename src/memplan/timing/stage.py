@@ -167,7 +167,10 @@ def stage_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardwar
                         matmul_efficiency=rates.matmul_efficiency, hbm_bytes_per_s=rates.hbm,
                         bytes_per_element=rates.bytes_per_element,
                         attention_override=rates.attention_override)
-    part = load.trainable / (par.shard_degree if par.zero >= 1 else 1)
+    part = load.trainable
+    if par.zero >= 1:   # the optimizer partition: dense over DP, experts over expert-DP
+        part = ((load.trainable - load.expert_trainable) / par.shard_degree
+                + load.expert_trainable / par.expert_shard_degree)
     opt_bytes = (0.0 if recipe.offload.kind != "none"
                  else constant("optimizer_bytes_per_param_gpu") * part)
     if load.traffic is not None:
@@ -204,22 +207,26 @@ def stage_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardwar
         moe_again = again * len(moe) / max(n_layers, 1)
         t_ep = per_pass * (4 * len(moe) + 2 * moe_again) * m
     t_pp = t(gather_s(act, 2, links["pp"]), "PP link") * 2 * 2 * m if pp > 1 else 0.0
-    # overlapped: DP / ZeRO / FSDP, CP
-    elems = load.trainable
+    # overlapped: DP / ZeRO / FSDP (dense over the DP group, routed experts over the
+    # expert-DP group: Megatron-Core's expert rank order puts etp x ep inside it), CP
     n = par.shard_degree if par.zero else par.dp * cp
+    n_exp = par.expert_shard_degree
     links["dp"] = group_link(tp, n, local, intra, inter)
+    exp_link = group_link(etp * ep, n_exp, local, intra, inter)
     gb, pb = rates.grad_bytes, rates.param_bytes
-    dp_gather = 0.0
-    if par.zero == 3:
-        dp_gather = 2 * t(gather_s(elems * pb, n, links["dp"]), "DP link") * m
-        dp_reduce = t(gather_s(elems * gb, n, links["dp"]), "DP link") * m
-    elif par.zero == 2:
-        dp_reduce = t(gather_s(elems * gb, n, links["dp"]), "DP link") * m
-        dp_gather = t(gather_s(elems * pb, n, links["dp"]), "DP link")
-    else:
-        dp_reduce = t(allreduce_s(elems * gb, n, links["dp"]), "DP link")
-    dpo = dp_overlap(recipe, gather_s=dp_gather, reduce_s=dp_reduce, grad_bytes=elems * gb,
-                     layers=n_layers)
+    dp_gather = dp_reduce = 0.0
+    for elems, g, link in ((load.trainable - load.expert_trainable, n, links["dp"]),
+                           (load.expert_trainable, n_exp, exp_link)):
+        if par.zero == 3:
+            dp_gather += 2 * t(gather_s(elems * pb, g, link), "DP link") * m
+            dp_reduce += t(gather_s(elems * gb, g, link), "DP link") * m
+        elif par.zero == 2:
+            dp_reduce += t(gather_s(elems * gb, g, link), "DP link") * m
+            dp_gather += t(gather_s(elems * pb, g, link), "DP link")
+        else:
+            dp_reduce += t(allreduce_s(elems * gb, g, link), "DP link")
+    dpo = dp_overlap(recipe, gather_s=dp_gather, reduce_s=dp_reduce,
+                     grad_bytes=load.trainable * gb, layers=n_layers)
     kv = max((ly.attention.num_kv_heads * (ly.attention.head_dim + ly.attention.v_head_dim)
               for ly in model.layers if ly.attention), default=0)
     links["cp"] = group_link(tp, cp, local, intra, inter)
