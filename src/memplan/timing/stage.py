@@ -17,7 +17,13 @@ Per stage and step (``m`` micro-batches; the stage's layers only, its own parame
   order ``tp-ep-dp-pp`` with the expert TP innermost, ``parallel_state.initialize_model_parallel``);
 - **PP**: one ``b s h`` send and receive per micro-batch each way;
 - **DP** (``overlap.py``), **CP**, offload, NVMe, CPU optimizer and data: as in ``step.py``'s
-  docstring, over the stage's own trainable elements.
+  docstring, over the stage's own trainable elements;
+- **contention**: kernels that run beside an overlapped DP or CP collective run 18.9 % slower
+  (``StageTime.contention``; Lee et al. 2025, arXiv 2507.03114).
+
+**Known limitations**: the expert-DP collectives are labelled with the dense DP group's link;
+contention is one average figure (the paper's range is up to 40 %), not a function of the
+collective's SM count or message size.
 """
 
 from __future__ import annotations
@@ -121,10 +127,19 @@ class StageTime:
         return max(0.0, self.issue - self.busy)
 
     @property
+    def contention(self) -> float:
+        """What overlapped collectives cost the kernels beside them: NCCL holds SMs and HBM
+        bandwidth, so compute and memory-bound kernels run ``overlap_compute_slowdown`` slower
+        while a DP / FSDP / ZeRO or CP collective is in flight (``rates.toml``: Lee et al.
+        2025, arXiv 2507.03114); for ``min(overlapped collective time, busy time)``."""
+        return constant("overlap_compute_slowdown") * min(self.dp.hidden + self.cp, self.busy)
+
+    @property
     def critical(self) -> float:
-        """The stage's own critical path: kernels, exposed launches, TP/EP/PP collectives and
-        the DP part its engine cannot overlap."""
-        return self.busy + self.launch + self.tp + self.ep + self.pp + self.dp.serial
+        """The stage's own critical path: kernels (slowed where collectives run beside them),
+        exposed launches, TP/EP/PP collectives and the DP part its engine cannot overlap."""
+        return (self.busy + self.contention + self.launch + self.tp + self.ep + self.pp
+                + self.dp.serial)
 
     @property
     def pipelined(self) -> float:

@@ -218,6 +218,7 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     for name, s in over.items():
         busy_s[name] += s
     exposed[excess_name] += fwd_bwd - st.critical
+    exposed[links["dp"].name] += st.contention   # kernels slowed by the collectives beside them
     exposed["pipeline bubble"] = busy_s["pipeline bubble"] = bubble
     exposed["cpu" if st.cpu >= st.nvme_optimizer else "nvme"] += opt_serial
     busy_s["cpu"] += st.cpu
@@ -246,9 +247,11 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
                   f"{constant('kernel_launch_cpu_seconds') * 1e6:g} us of CPU each; exposed "
                   "where issuing outlasts the GPU work",
         "nvlink": f"intra-node collectives (TP/EP/PP on the critical path; DP: {rule}; CP "
-                  "overlapped)",
+                  "overlapped; overlapped ones slow the kernels beside them by "
+                  f"{constant('overlap_compute_slowdown'):.1%})",
         "network": f"inter-node collectives (TP/EP/PP on the critical path; DP: {rule}; "
-                   "CP overlapped)",
+                   "CP overlapped; overlapped ones slow the kernels beside them by "
+                   f"{constant('overlap_compute_slowdown'):.1%})",
         "pcie": "offload transfers (gradients out and parameter fetches overlapped; "
                 "ZeRO-Offload parameter upload serial)",
         "nvme": "ZeRO-Infinity swaps (optimizer swaps overlap the CPU step)",
