@@ -198,7 +198,7 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     st = times[j]
     notes.extend(st.notes)
     if len({round(s.own, 12) for s in times}) > 1:
-        notes.append(f"pipeline stages uneven: stage {j} ({len(stages[j].layers)} layers"
+        notes.append(f"pipeline stage times differ: stage {j} ({len(stages[j].layers)} layers"
                      + (", output layer" if j == len(stages) - 1 else "")
                      + f") sets the step at {st.own:.3g} s of its own work; the stages take "
                      + ", ".join(f"{s.own:.3g}" for s in times) + " s")
