@@ -1,7 +1,7 @@
 """Kernel time of the forward/backward on one rank: per-GEMM rooflines and attention kernels.
 
 Legend: T = tokens per rank per micro-batch (micro_batch x seq_len / cp), ``(o, i)`` a linear
-weight's shape per rank (o or i divided by tp), E routed experts, k = top_k.
+weight's shape per rank (o or i divided by tp; experts by etp), E routed experts, k = top_k.
 
 - **GEMMs** (``gemm_seconds``): each linear weight is one GEMM of ``T x i`` by ``i x o``; a
   routed expert's GEMM sees ``T k / E`` tokens (balanced routing), so MoE runs E small GEMMs

@@ -22,15 +22,17 @@ stream (their sum is GPU busy time); TP, EP and PP-p2p collectives sit on the cr
 (no comm/compute overlap for TP); DP/ZeRO/FSDP collectives by the engine's rule
 (``overlap.py``: the serial part on the critical path, the rest overlapped), CP ring passes, ZeRO-3 parameter
 fetches over PCIe, NVMe parameter reads and data loading overlap with the forward/backward and
-only their excess over the critical path is exposed; the pipeline bubble is (pp - 1) / m of the
-critical path (1F1B, Narayanan et al. 2021 §2.2; interleaving not modelled); after backward, the
+only their excess over the critical path is exposed, and the kernels beside them run 18.9 %
+slower (``stage.py``: NCCL contention); every pipeline stage is timed with its own layers and
+the slowest one plus the others' fill and drain sets the step (``pipeline.py``: Narayanan et al.
+2021 §2.2's bubble for even stages, ``/ pp_virtual`` when interleaved); after backward, the
 CPU optimizer step (overlapped with its NVMe swaps) and the ZeRO-Offload parameter upload are
 serial while the GPU waits.
 
 **Known limitations**: one matmul efficiency for every GEMM shape (small hidden sizes and TP
 shards are slower, so predictions are optimistic there); launches at the low end of the CPU
-cost, with whole-step run-ahead (a lower bound); no SM contention between NCCL and compute; no
-contention between GPUs sharing a PCIe switch or socket. FP8 linears run at
+cost, with whole-step run-ahead (a lower bound); NCCL/compute contention as one average figure;
+no contention between GPUs sharing a PCIe switch or socket. FP8 linears run at
 ``min(fp8 peak, 16-bit peak x float8_linear_speedup)`` (torchao's H100 Float8Linear benchmark,
 1.39x at a large shape, casts and scaling included; ``rates.toml``); MFU stays against the FP8
 peak.
