@@ -4,8 +4,8 @@ Legend: T = tokens per rank per micro-batch (micro_batch x seq_len / cp), ``(o, 
 weight's shape per rank (o or i divided by tp; experts by etp), E routed experts, k = top_k.
 
 - **GEMMs** (``gemm_seconds``): each linear weight is one GEMM of ``T x i`` by ``i x o``; a
-  routed expert's GEMM sees ``T k / E`` tokens (balanced routing), so MoE runs E small GEMMs
-  instead of one large one. Time is the roofline (Williams, Waterman & Patterson 2009, CACM
+  routed expert's GEMM sees ``T / tp x k x ep x etp / E`` tokens (balanced routing; Megatron-
+  Core's all-to-all dispatcher, ``_layer_gemm_s``), so MoE runs small GEMMs, not one large one. Time is the roofline (Williams, Waterman & Patterson 2009, CACM
   52(4)): ``max(2 T i o / (peak x matmul_efficiency), bytes / (HBM x hbm_efficiency))`` with
   bytes = both inputs + the output. Small or skinny GEMMs become bandwidth-bound below the peak.
   Backward runs two GEMMs of the same size (activation gradient, and weight gradient where the
