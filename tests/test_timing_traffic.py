@@ -16,7 +16,7 @@ from memplan.facts import dtypes
 from memplan.hardware.nodes import get_node
 from memplan.host import HostSetup, node_hardware
 from memplan.results import Traffic
-from memplan.system import rank_traffic
+from memplan.system import stage_loads
 from memplan.timing import estimate_time
 from memplan.timing.overlap import dp_overlap
 
@@ -26,7 +26,7 @@ def _time(model: str, **kw):
     r = Recipe.of(gpus_per_node=8, **kw)
     d = get_device("H100-80GB")
     hw = node_hardware(d, 8, get_node("DGX-H100"))
-    return estimate_time(m, r, d, hw, HostSetup(), m.num_params, traffic=rank_traffic(m, r))
+    return estimate_time(m, r, d, hw, HostSetup(), m.num_params, stages=stage_loads(m, r))
 
 
 def _exposed(t, name: str) -> float:
@@ -67,7 +67,7 @@ def test_stage_traffic_from_two_layers_equals_the_whole_graph(model, ck):
 
 def test_recompute_and_fusion_move_the_bytes_the_right_way():
     m = load_model("meta-llama/Llama-3.1-8B")
-    tr = {ck: rank_traffic(m, Recipe.of(seq_len=2048, checkpointing=ck))
+    tr = {ck: stage_loads(m, Recipe.of(seq_len=2048, checkpointing=ck))[0].traffic
           for ck in ("none", "selective", "full")}
     assert tr["none"].eager_bytes < tr["full"].eager_bytes
     assert tr["none"].eager_kernels < tr["selective"].eager_kernels < tr["full"].eager_kernels
@@ -92,8 +92,8 @@ def test_small_steps_wait_for_kernel_launches():
     assert _exposed(small, "launch") > 0.3 * small.step_seconds
     assert _exposed(big, "launch") == 0
     launch = next(r for r in small.resources if r.name == "launch")
-    assert launch.seconds == pytest.approx(rank_traffic(
-        load_model("Qwen/Qwen2.5-0.5B"), Recipe.of(seq_len=128)).eager_kernels * 5e-6)
+    assert launch.seconds == pytest.approx(stage_loads(
+        load_model("Qwen/Qwen2.5-0.5B"), Recipe.of(seq_len=128))[0].traffic.eager_kernels * 5e-6)
 
 
 @pytest.mark.parametrize("engine,zero,overlap,serial", [

@@ -15,25 +15,30 @@ from .host import HostSetup, NodeHardware, estimate_host
 from .recipe.host import LOAD_MODES
 from .model.spec import ModelSpec
 from .recipe import Recipe
-from .results import Traffic
 from .timing import estimate_time
 from .timing.calibration import Calibration
+from .timing.pipeline import StageLoad
 
-__all__ = ["with_host_and_time", "rank_traffic"]
+__all__ = ["with_host_and_time", "stage_loads"]
 
 
-def rank_traffic(model: ModelSpec, recipe: Recipe,
-                 memo: dict[object, object] | None = None) -> Traffic | None:
-    """Memory-bound bytes and kernel launches of one micro-batch on one rank, from the same op
-    graph as the activation estimate, averaged over the pipeline stages (the rest of the step
-    time spreads the model evenly over them); None for a model without an op graph."""
+def stage_loads(model: ModelSpec, recipe: Recipe,
+                memo: dict[object, object] | None = None) -> list[StageLoad] | None:
+    """Per pipeline stage, what one of its ranks holds and moves: its layers, its trainable
+    elements (after TP / EP splits, the embedding on the first stage and the output layer on the
+    last) and the memory-bound bytes and kernel launches of one micro-batch, from the same op
+    graph as the activation estimate; None for a model without an op graph."""
     dt = dtypes(recipe)
     try:
         stages = layout(model, recipe, memo)
-        per = [stage_traffic(model, st, recipe, dt, memo) for st in stages]
+        return [StageLoad(layers=st.layers,
+                          trainable=float(sum(h.numel for h in st.held if h.trainable)),
+                          expert_trainable=float(sum(h.numel for h in st.held
+                                                     if h.trainable and h.expert)),
+                          traffic=stage_traffic(model, st, recipe, dt, memo))
+                for st in stages]
     except UnsupportedModel:
         return None
-    return sum(per, Traffic()).scaled(1 / len(per)) if per else None
 
 
 def with_host_and_time(b: Breakdown, model: ModelSpec, recipe: Recipe, device: Device,
@@ -56,5 +61,5 @@ def with_host_and_time(b: Breakdown, model: ModelSpec, recipe: Recipe, device: D
         host = replace(host, other_loads=tuple((mode, peak) for peak, mode in cheaper))
     trainable = b.model.trainable_params
     time = estimate_time(model, recipe, device, hw, setup, trainable, calibration,
-                         rank_traffic(model, recipe, memo))
+                         stage_loads(model, recipe, memo))
     return replace(b, host=host, nvme=nvme, time=time)

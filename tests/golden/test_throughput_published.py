@@ -8,9 +8,10 @@ H100 GEMM measurement), attention runs at the FlashAttention papers' fraction of
 memory-bound kernels move the op graph's bytes (eager or fused, by the row's engine and
 compile columns), kernel launches and the engine's DP overlap rule are charged; fp8 linears
 run at torchao's measured Float8Linear speedup over bf16 (1.39x), and torchtitan's "selective
-op" AC is ``checkpointing = op``. There is still no SM contention and no power-cap clock model,
-so the model over-predicts where those matter. It models 1F1B without interleaving, so it over-counts the
-pipeline bubbles of interleaved schedules. Nothing here was fitted to these rows.
+op" AC is ``checkpointing = op``; kernels beside overlapped collectives run 18.9 % slower (Lee
+et al. 2025) and each pipeline stage is timed with its own layers. There is no power-cap clock
+model, so the model over-predicts where that matters; the Llama 3 rows run 1F1B because the
+paper does not state its interleaving depth. Nothing here was fitted to these rows.
 
 A row with an ``xfail`` diagnosis is a strict xfail: it must keep missing until the cause it
 names is modelled. The band every prediction prints (``timing/accuracy.toml``) must be the one

@@ -1,11 +1,11 @@
 """Kernel time of the forward/backward on one rank: per-GEMM rooflines and attention kernels.
 
 Legend: T = tokens per rank per micro-batch (micro_batch x seq_len / cp), ``(o, i)`` a linear
-weight's shape per rank (o or i divided by tp), E routed experts, k = top_k.
+weight's shape per rank (o or i divided by tp; experts by etp), E routed experts, k = top_k.
 
 - **GEMMs** (``gemm_seconds``): each linear weight is one GEMM of ``T x i`` by ``i x o``; a
-  routed expert's GEMM sees ``T k / E`` tokens (balanced routing), so MoE runs E small GEMMs
-  instead of one large one. Time is the roofline (Williams, Waterman & Patterson 2009, CACM
+  routed expert's GEMM sees ``T / tp x k x ep x etp / E`` tokens (balanced routing; Megatron-
+  Core's all-to-all dispatcher, ``_layer_gemm_s``), so MoE runs small GEMMs, not one large one. Time is the roofline (Williams, Waterman & Patterson 2009, CACM
   52(4)): ``max(2 T i o / (peak x matmul_efficiency), bytes / (HBM x hbm_efficiency))`` with
   bytes = both inputs + the output. Small or skinny GEMMs become bandwidth-bound below the peak.
   Backward runs two GEMMs of the same size (activation gradient, and weight gradient where the
@@ -29,8 +29,9 @@ from dataclasses import dataclass
 
 from ..hardware import Device
 from ..facts.constants import constants
-from ..model.spec import Component, Layer, ModelSpec
+from ..model.spec import Component, Layer, ModelSpec, Split
 from ..recipe import Recipe
+from ..recipe.parallelism import Parallelism
 from .flops import _causal_share, attention_core_flops
 from .recompute import attention_recomputed, recompute_matmul_share
 
@@ -77,31 +78,54 @@ def attention_efficiency(device: Device, attention: str, matmul_efficiency: floa
             f"the GEMM efficiency {matmul_efficiency:.0%} (optimistic)")
 
 
-def _layer_gemm_s(layer: Layer, tokens: float, tp: int, ep: int, gemm) -> float:
-    """Forward seconds of a layer's linear GEMMs on one rank. Routed experts: the rank holds
-    E / ep of them, each fed ``tokens x ep x k / E`` tokens (balanced all-to-all routing)."""
+def _layer_gemm_s(layer: Layer, tokens: float, par: Parallelism, gemm) -> float:
+    """Forward seconds of a layer's linear GEMMs on one rank of a ``tokens``-token micro-batch.
+
+    Dense weights: column-parallel split their output, row-parallel their input over ``tp``
+    (Megatron's ``ColumnParallelLinear`` / ``RowParallelLinear``); a replicated weight (router)
+    runs on the rank's ``1/tp`` sequence shard. Routed experts follow Megatron-Core's all-to-all
+    token dispatcher (``megatron/core/transformer/moe/token_dispatcher.py`` @0014f13,
+    ``MoEAlltoAllTokenDispatcher``: permute -> A2A(EP) -> AG(expert TP) -> experts ->
+    RS(expert TP) -> A2A(EP); its input is the sequence-parallel shard ``[S/TP, B, H]`` and its
+    ``tp_group`` is the *expert* TP group): a rank holds ``E / ep`` experts, each split over
+    ``etp`` ranks and fed ``tokens / tp x k x ep x etp / E`` tokens (balanced routing; x the
+    capacity factor when inputs are padded to capacity). Per rank that is ``2 tokens k i o /
+    tp`` FLOPs whatever ``etp`` is; ``etp`` changes the GEMMs' shape (taller, narrower) and the
+    weight bytes each rank reads."""
     ffn = layer.ffn
+    tp, ep, etp = par.tp, par.ep, par.expert_tp
     total = 0.0
     for t in layer.tensors:
         if len(t.shape) != 2 or t.is_bias or t.component in _NOT_MATMUL:
             continue
         o, i = t.shape
         if t.experts > 1 and ffn is not None and ffn.num_experts:
-            m = max(1.0, tokens * ep * ffn.top_k / t.experts)
-            total += t.experts / ep * gemm(m, i, o / tp)
+            m = tokens / tp * ffn.top_k * ep * etp / t.experts * (par.moe_capacity_factor or 1.0)
+            total += t.experts / ep * _split_gemm(gemm, max(1.0, m), i, o, t.split, etp)
         else:
-            total += gemm(tokens, i, o / tp)
+            total += _split_gemm(gemm, tokens, i, o, t.split, tp)
     return total
 
 
-def kernel_seconds(model: ModelSpec, recipe: Recipe, device: Device, *, linear_peak: float,
-                   attention_peak: float, matmul_efficiency: float, hbm_bytes_per_s: float,
-                   bytes_per_element: float,
+def _split_gemm(gemm, m: float, i: float, o: float, split: Split, n: int) -> float:
+    """``gemm`` of an ``(o, i)`` weight on ``m`` tokens, split over ``n`` ranks by ``split``."""
+    if split in (Split.COLUMN, Split.VOCAB):
+        return gemm(m, i, o / n)
+    if split is Split.ROW:
+        return gemm(m, i / n, o)
+    return gemm(m / n, i, o)
+
+
+def kernel_seconds(model: ModelSpec, recipe: Recipe, device: Device, *, layers: range,
+                   head: bool, linear_peak: float, attention_peak: float,
+                   matmul_efficiency: float, hbm_bytes_per_s: float, bytes_per_element: float,
                    attention_override: tuple[float, float] | None = None) -> KernelTime:
-    """GEMM and attention time of one micro-batch (forward, backward, recompute) on one rank
-    holding ``1/pp`` of the layers (module docstring). ``attention_override`` = measured
-    (forward, backward) fractions of ``attention_peak`` (``memplan calibrate``)."""
-    tp, cp, pp = recipe.parallelism.tp, recipe.parallelism.cp, recipe.parallelism.pp
+    """GEMM and attention time of one micro-batch (forward, backward, recompute) on one rank of
+    the pipeline stage holding ``layers`` (and the output head when ``head``: the last stage).
+    ``attention_override`` = measured (forward, backward) fractions of ``attention_peak``
+    (``memplan calibrate``)."""
+    par = recipe.parallelism
+    tp, cp = par.tp, par.cp
     tokens = recipe.batch.micro_batch * recipe.batch.seq_len / cp
 
     def gemm(m: float, k: float, n: float) -> float:
@@ -115,8 +139,9 @@ def kernel_seconds(model: ModelSpec, recipe: Recipe, device: Device, *, linear_p
     first_trainable = n - recipe.method.freeze_trainable_layers if recipe.method.kind == "freeze" else 0
     w_grad = 1.0 if recipe.method.kind in ("full", "freeze") else 0.0
     lin = att = 0.0
-    for i, layer in enumerate(model.layers):
-        g = _layer_gemm_s(layer, tokens, tp, recipe.parallelism.ep, gemm)
+    for i in layers:
+        layer = model.layers[i]
+        g = _layer_gemm_s(layer, tokens, par, gemm)
         a = attention_core_flops(layer, recipe.batch.seq_len) * tokens / tp
         if recipe.platform.attention != "eager":
             a *= _causal_share(layer)
@@ -127,9 +152,7 @@ def kernel_seconds(model: ModelSpec, recipe: Recipe, device: Device, *, linear_p
             continue
         lin += g * (2 + w_grad) + g * recompute_matmul_share(recipe, layer, i, n)
         att += a_f + a_b + (a_f if attention_recomputed(recipe, i, n) else 0.0)
-    lin /= pp
-    att /= pp
-    head = gemm(tokens, model.hidden_size, model.vocab_size / tp)
-    # the head runs on the last stage; like the layers, its time is spread over pp stages
-    lin += head * (3 if recipe.method.kind == "full" else 2) / pp
+    if head:
+        lin += gemm(tokens, model.hidden_size, model.vocab_size / tp) * (
+            3 if recipe.method.kind == "full" else 2)
     return KernelTime(linear_s=lin, attention_s=att, notes=(note,) if note else ())

@@ -15,6 +15,7 @@ import math
 
 from ..model.spec import Component, Layer
 from ..recipe import Recipe
+from ..recipe.stages import stages_of
 
 __all__ = ["layer_checkpointed", "recompute_matmul_share", "attention_recomputed",
            "full_share"]
@@ -24,12 +25,14 @@ _NOT_MATMUL = (Component.NORM, Component.EMBEDDING)
 
 def layer_checkpointed(recipe: Recipe, i: int, layers: int) -> bool:
     """Whether layer ``i`` of ``layers`` is one ``full`` checkpoint, its index taken within its
-    pipeline stage (an even split of the layers over ``pp``)."""
+    pipeline stage (the stages of ``recipe.stages.stages_of``, uneven splits included)."""
     c = recipe.checkpointing
     if c.kind != "full":
         return False
-    per_stage = max(1, -(-layers // recipe.parallelism.pp))
-    j = i % per_stage
+    if not c.checkpoint_layers and c.checkpoint_every == 1:
+        return True
+    start = next((r.start for r in stages_of(layers, recipe) if i in r), 0)
+    j = i - start
     if c.checkpoint_layers:
         return j < c.checkpoint_layers
     return (j + 1) % c.checkpoint_every == 0
