@@ -56,5 +56,5 @@ def with_host_and_time(b: Breakdown, model: ModelSpec, recipe: Recipe, device: D
         host = replace(host, other_loads=tuple((mode, peak) for peak, mode in cheaper))
     trainable = b.model.trainable_params
     time = estimate_time(model, recipe, device, hw, setup, trainable, calibration,
-                         rank_traffic(model, recipe, memo))
+                         rank_traffic(model, recipe, memo), memo=memo)
     return replace(b, host=host, nvme=nvme, time=time)

@@ -38,6 +38,8 @@ peak.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import ConfigError
 from ..facts import dtypes
 from ..hardware import Device
@@ -49,12 +51,12 @@ from ..recipe import Recipe
 from ..units import dtype_bytes
 from .calibration import Calibration
 from .comms import Link, allreduce_s, gather_s, group_link
-from .flops import token_flops
+from .flops import TokenFlops, token_flops
 from .overlap import dp_overlap
 from .recompute import full_share
 from ..results import ResourceTime, TimeEstimate, Traffic
 from ..results.time import validation_band
-from .kernels import attention_efficiency, kernel_seconds
+from .kernels import KernelTime, attention_efficiency, kernel_seconds
 
 __all__ = ["estimate_time", "pcie_gb_per_s", "peak_tflops"]
 
@@ -108,16 +110,47 @@ def fused_kernels(recipe: Recipe) -> bool:
     return recipe.platform.compile or str(recipe.engine_kind) == "megatron"
 
 
+def _flops(model: ModelSpec, recipe: Recipe, memo: dict[object, object] | None) -> TokenFlops:
+    """``token_flops``; ``memo``: kept under what it reads (``flops.py`` and
+    ``recompute.py``): the method, sequence length, attention kernel, checkpointing and pp."""
+    if memo is None:
+        return token_flops(model, recipe)
+    key = ("token_flops", recipe.method, recipe.batch.seq_len, recipe.platform.attention,
+           recipe.checkpointing, recipe.parallelism.pp)
+    if key not in memo:
+        memo[key] = token_flops(model, recipe)
+    return memo[key]  # type: ignore[return-value]
+
+
+def _kernels(model: ModelSpec, recipe: Recipe, device: Device,
+             memo: dict[object, object] | None, **rates: Any) -> KernelTime:
+    """``kernel_seconds``; ``memo``: kept under what it reads (``kernels.py`` and
+    ``recompute.py``): the rates given, the device's name and architecture, the method,
+    micro-batch, sequence length, tp, cp, pp, ep, attention kernel and checkpointing."""
+    if memo is None:
+        return kernel_seconds(model, recipe, device, **rates)
+    par = recipe.parallelism
+    key = ("kernel_seconds", device.name, device.arch, tuple(sorted(rates.items())),
+           recipe.method, recipe.batch.micro_batch, recipe.batch.seq_len, par.tp, par.cp, par.pp,
+           par.ep, recipe.platform.attention, recipe.checkpointing)
+    if key not in memo:
+        memo[key] = kernel_seconds(model, recipe, device, **rates)
+    return memo[key]  # type: ignore[return-value]
+
+
 def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
                   setup: HostSetup, trainable: int,
                   calibration: Calibration | None = None,
-                  traffic: Traffic | None = None) -> TimeEstimate | None:
+                  traffic: Traffic | None = None,
+                  memo: dict[object, object] | None = None) -> TimeEstimate | None:
     """Step time of ``recipe`` on ``device`` GPUs in ``hw`` nodes; None when the catalog has
     no dense peak for the compute dtype (the reason is the caller's to report). Rates measured
     by ``memplan calibrate`` (``calibration``) replace the sourced defaults they cover.
     ``traffic``: memory-bound bytes and kernels of one micro-batch on one rank, from the
     estimator's op graph (``estimate.activations.stage_traffic``); without it the per-hidden
-    byte counts of ``_hbm_bytes_per_token`` stand in and launches are not timed."""
+    byte counts of ``_hbm_bytes_per_token`` stand in and launches are not timed. ``memo``: the
+    estimator's memo for this ``model`` (``memplan plan``): the FLOPs per token and the kernel
+    times are kept under what they read (``_flops`` and ``_kernels``)."""
     peak_t, key = peak_tflops(device, recipe)
     if not peak_t or recipe.platform.device == "cpu":
         return None
@@ -141,7 +174,7 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     tokens_seq = recipe.batch.micro_batch * recipe.batch.seq_len
     tokens_replica = tokens_seq * m
     split = tp * pp * cp
-    fl = token_flops(model, recipe)
+    fl = _flops(model, recipe, memo)
     notes: list[str] = []
     hbm = (device.hbm_gb_per_s or 0) * 1e9 * constant("hbm_efficiency")
     if cal is not None and cal.hbm_gb_per_s:
@@ -152,11 +185,11 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
         att_cal = (cal.efficiency(cal.attention_fwd_tflops, cal_peak) or 1.0,
                    cal.efficiency(cal.attention_bwd_tflops, cal_peak) or 1.0)
     att_peak_t = (device.tflops or {}).get(dt.compute) or peak_t
-    kt = kernel_seconds(model, recipe, device, linear_peak=linear_peak,
-                        attention_peak=att_peak_t * 1e12,
-                        matmul_efficiency=eff, hbm_bytes_per_s=hbm,
-                        bytes_per_element=1.0 if key == "fp8" else dtype_bytes(dt.compute),
-                        attention_override=att_cal)
+    kt = _kernels(model, recipe, device, memo, linear_peak=linear_peak,
+                  attention_peak=att_peak_t * 1e12,
+                  matmul_efficiency=eff, hbm_bytes_per_s=hbm,
+                  bytes_per_element=1.0 if key == "fp8" else dtype_bytes(dt.compute),
+                  attention_override=att_cal)
     notes.extend(kt.notes)
     t_compute = (kt.linear_s + kt.attention_s) * m
     elems_rank = trainable / (tp * pp)
