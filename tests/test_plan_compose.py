@@ -43,3 +43,28 @@ def test_composed_stage_points_equal_the_whole_simulation(model: str) -> None:
         composed += sum(1 for k in memo if isinstance(k, tuple) and k[0] == "short")
     if model != "google/gemma-2-2b":  # alternating layer kinds: always the whole simulation
         assert composed > 0
+
+
+@pytest.mark.parametrize("model", ["meta-llama/Llama-3.2-1B", "openai-community/gpt2",
+                                   "deepseek-ai/DeepSeek-V2-Lite"])
+def test_periodic_checkpointing_composes_and_equals_the_whole_simulation(model: str) -> None:
+    """``full`` on every k-th layer (torchtitan layer SAC) is composed per unit of k layers
+    (``compose(period=k)``), with a tail of ``L mod k`` layers: equal to the whole stage's
+    simulation point for point, and composed (not the fallback) for stages long enough."""
+    spec = load_model(model)
+    periodic = 0
+    for pp, every, method, tp, mb in itertools.product([1, 2], [2, 3, 4], ["full", "lora"],
+                                                      [1, 2], [1, 2]):
+        try:
+            r = Recipe.of(gpus=pp * tp, pp=pp, tp=tp, checkpointing="full",
+                          checkpoint_every=every, method=method, seq_len=128, micro_batch=mb)
+        except ConfigError:
+            continue
+        memo: dict[object, object] = {}
+        for st in layout(spec, r):
+            whole = stage_points(spec, st, r, dtypes(r))
+            fast = stage_points(spec, st, r, dtypes(r), memo)
+            assert _rows(fast[0]) == _rows(whole[0]) and fast[1] == whole[1], (pp, every, tp)
+        periodic += sum(1 for k in memo if isinstance(k, tuple) and k[0] == "short"
+                        and k[-2].every == every)
+    assert periodic > 0

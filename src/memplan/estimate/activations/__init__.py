@@ -170,11 +170,12 @@ def stage_traffic(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
 def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
               memo: dict[object, object], acc: bool) -> tuple[list[Point], int]:
     """``simulate`` of the stage, from three short simulations (``compose.py``) when its layers
-    are identical, else of the whole stage."""
+    are identical and the policy treats them alike, or alike every ``every`` layers (``full``
+    on every k-th layer); else of the whole stage."""
     sig = signatures(spec, memo)
     start = layers.start
-    uniform = getattr(args["checkpointing"], "uniform", True)
-    if args["train_from"] is None and uniform and len(layers) \
+    period = args["checkpointing"].period  # type: ignore[attr-defined]
+    if args["train_from"] is None and period and len(layers) \
             and len({sig[i] for i in layers}) == 1:
 
         def short(n: int) -> tuple[list[Point], int]:
@@ -187,7 +188,7 @@ def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
                 memo[k] = pts, g.param_grad_bytes
             return memo[k]  # type: ignore[return-value]
 
-        out = compose(short, start, len(layers))
+        out = compose(short, start, len(layers), period)
         if out is not None:
             return out
     g = stage_graph(spec, layers, ctx, **args)  # type: ignore[arg-type]
