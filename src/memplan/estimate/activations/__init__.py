@@ -19,7 +19,7 @@ from ..peft import LORA_LIKE, adapted_roles
 from ...model.peft_targets import ia3_roles, ln_tuning_leaves
 from .blocks import Ctx
 from .compose import compose, signatures
-from .families import stage_graph
+from .families import graph_attention, stage_graph
 from .graph import Point, simulate
 from .policy import host_checkpoint_bytes, policy_of
 from .traffic import Traffic, graph_traffic
@@ -132,7 +132,8 @@ def _graph_args(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes
     """What ``stage_graph`` is built from for ``stage`` under ``recipe``."""
     ctx = _context(spec, recipe, dt)
     args = dict(first=stage.index == 0, last=stage.index == recipe.parallelism.pp - 1,
-                tp=recipe.parallelism.tp, attention=str(recipe.platform.attention),
+                tp=recipe.parallelism.tp,
+                attention=graph_attention(spec, str(recipe.platform.attention)),
                 checkpointing=policy_of(recipe.checkpointing, recipe.parallelism.tp,
                                         recipe.parallelism.sequence_parallel),
                 train_from=(spec.num_layers - recipe.method.freeze_trainable_layers
