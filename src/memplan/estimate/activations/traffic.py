@@ -46,8 +46,11 @@ def _runs_backward(op: Op) -> bool:
     return bool(op.grad_inputs or op.param_grads)
 
 
-def _eager(op: Op) -> tuple[float, float, float, float]:
-    """(forward bytes, forward kernels, backward bytes, backward kernels) of one op, eager."""
+def _eager(op: Op, io: list[Tensor] | None = None, saves: list[Tensor] | None = None
+           ) -> tuple[float, float, float, float]:
+    """(forward bytes, forward kernels, backward bytes, backward kernels) of one op, eager;
+    ``io``, ``saves``: ``_unique`` of its inputs + outputs and of its saves, when the caller
+    has them."""
     fk = 1.0 if (op.inputs or op.outputs) else 0.0
     bk = 0.0
     if _runs_backward(op):
@@ -55,11 +58,11 @@ def _eager(op: Op) -> tuple[float, float, float, float]:
             float(max(1, len(op.grad_inputs)) + (len(op.param_grads) if op.kind == "ew" else 0))
     if op.kind != "ew":
         return 0.0, fk, 0.0, bk
-    fb = sum(t.nbytes for t in _unique(list(op.inputs) + list(op.outputs)))
+    fb = sum(t.nbytes for t in (io if io is not None else _unique(op.inputs + op.outputs)))
     bb = 0.0
     if _runs_backward(op):
         bb = (sum(t.nbytes for t in op.outputs if t.grad)
-              + sum(t.nbytes for t in _unique(op.saves))
+              + sum(t.nbytes for t in (saves if saves is not None else _unique(op.saves)))
               + sum(t.nbytes for t in op.grad_inputs) + sum(b for b, _ in op.param_grads))
     return float(fb), fk, bb, bk
 
@@ -123,13 +126,17 @@ def graph_traffic(g: Graph) -> dict[str, Traffic]:
     counted_bwd: set[Tensor] = set()
     accumulated: set[Tensor] = set()
     for i, op in enumerate(ops):
-        fb, fk, bb, bk = _eager(op)
+        ew = op.kind == "ew"
+        io = _unique(op.inputs + op.outputs) if ew else None
+        saves = _unique(op.saves) if ew else None
+        fb, fk, bb, bk = _eager(op, io, saves)
         passes = 2.0 if op.group >= 0 else 1.0    # checkpointed: forward again in backward
         eb, ek = fb * passes + bb, fk * passes + bk
         xb = xk = 0.0
-        if op.kind == "ew":
+        if ew:
+            assert io is not None and saves is not None
             f_fused = 0.0
-            for t in _unique(list(op.inputs) + list(op.outputs)):
+            for t in io:
                 if t not in counted_fwd and boundary(t):
                     counted_fwd.add(t)
                     f_fused += t.nbytes
@@ -140,7 +147,7 @@ def graph_traffic(g: Graph) -> dict[str, Traffic]:
                     if t not in counted_bwd and boundary(t):
                         counted_bwd.add(t)
                         b_fused += t.nbytes
-                b_fused += sum(t.nbytes for t in _unique(op.saves)) \
+                b_fused += sum(t.nbytes for t in saves) \
                     + sum(b for b, _ in op.param_grads)
             new_chain = (chain_of[i], op.group) not in chain_seen
             chain_seen.add((chain_of[i], op.group))
