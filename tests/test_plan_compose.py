@@ -79,8 +79,8 @@ def test_flash_is_keyed_as_sdpa_only_where_the_graph_is_the_same(model: str) -> 
     for every graph family but multi-head latent attention: the graphs built with the raw
     ``flash`` and with the key simulate to the same points and move the same bytes, on CPU
     and CUDA kernels, with and without autocast, per-op and full checkpointing."""
-    from memplan.estimate.activations import _graph_args
-    from memplan.estimate.activations.families import graph_attention, stage_graph
+    from memplan.estimate.activations import _graph_args, graph_attention
+    from memplan.estimate.activations.families import stage_graph
     from memplan.estimate.activations.graph import simulate
     from memplan.estimate.activations.traffic import graph_traffic
 
@@ -98,7 +98,8 @@ def test_flash_is_keyed_as_sdpa_only_where_the_graph_is_the_same(model: str) -> 
         ctx, args = _graph_args(spec, st, r, dtypes(r))
         assert args["attention"] == "sdpa"
         layers = range(st.layers.start, min(st.layers.stop, st.layers.start + 3))
-        raw = stage_graph(spec, layers, ctx, **{**args, "attention": "flash"})  # type: ignore[arg-type]
+        raw = stage_graph(spec, layers, ctx,
+                          **{**args, "attention": "flash"})  # type: ignore[arg-type]
         keyed = stage_graph(spec, layers, ctx, **args)  # type: ignore[arg-type]
         assert _rows(simulate(raw)) == _rows(simulate(keyed)), (precision, ck, device)
         assert graph_traffic(raw) == graph_traffic(keyed), (precision, ck, device)
@@ -106,6 +107,6 @@ def test_flash_is_keyed_as_sdpa_only_where_the_graph_is_the_same(model: str) -> 
 
 def test_flash_keeps_its_own_key_under_multi_head_latent_attention() -> None:
     """MLA pads v for FlashAttention-2: its graph differs from SDPA's, so the key keeps it."""
-    from memplan.estimate.activations.families import graph_attention
+    from memplan.estimate.activations import graph_attention
 
     assert graph_attention(load_model("deepseek-ai/DeepSeek-V2-Lite"), "flash") == "flash"

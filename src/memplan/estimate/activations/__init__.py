@@ -19,12 +19,13 @@ from ..peft import LORA_LIKE, adapted_roles
 from ...model.peft_targets import ia3_roles, ln_tuning_leaves
 from .blocks import Ctx
 from .compose import compose, signatures
-from .families import graph_attention, stage_graph
+from .families import stage_graph
 from .graph import Point, simulate
 from .policy import host_checkpoint_bytes, policy_of
 from .traffic import Traffic, graph_traffic
 
-__all__ = ["Point", "Traffic", "points_key", "stage_points", "stage_traffic", "cpu_checkpoint_bytes"]
+__all__ = ["Point", "Traffic", "points_key", "stage_points", "stage_traffic",
+           "cpu_checkpoint_bytes", "graph_attention"]
 
 
 def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
@@ -125,6 +126,18 @@ def _points_key(stage: Stage, ctx: Ctx, args: dict[str, object],
     if not args["last"]:
         ctx = replace(ctx, loss="standard")  # read by the last stage's loss only (families.py)
     return ("stage_points", stage.layers, ctx, acc, *args.values())
+
+
+def graph_attention(spec: ModelSpec, attention: str) -> str:
+    """The attention kernel as the graph builders (``families.py``, ``ln_decoder.py``,
+    ``t5.py``) tell kernels apart, for memo keys (``_graph_args``): they test ``attention ==
+    "eager"`` (materialised scores) and otherwise write the fused kernel (``Blocks.sdpa``),
+    except multi-head latent attention (``families._mla_attention``: FlashAttention-2 pads v
+    to the q/k head dim, CPU SDPA takes the math path). So without MLA (``Traits.mla`` unset)
+    ``flash`` writes the same ops as ``sdpa``, and is keyed as ``sdpa``."""
+    if attention == "flash" and spec.traits is not None and spec.traits.mla is None:
+        return "sdpa"
+    return attention
 
 
 def _graph_args(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes

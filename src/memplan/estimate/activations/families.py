@@ -20,19 +20,7 @@ from .policy import Policy
 from .t5 import t5_graph
 from ..peft import prefix_token_dim
 
-__all__ = ["stage_graph", "graph_attention"]
-
-
-def graph_attention(spec: ModelSpec, attention: str) -> str:
-    """The attention kernel as the graph builders tell kernels apart, for memo keys
-    (``activations._graph_args``): they test ``attention == "eager"`` (materialised scores)
-    and otherwise write the fused kernel (``Blocks.sdpa``), except multi-head latent attention
-    (``_mla_attention``: FlashAttention-2 pads v to the q/k head dim, CPU SDPA takes the math
-    path). So without MLA (``Traits.mla`` unset) ``flash`` writes the same ops as ``sdpa``,
-    and is keyed as ``sdpa``."""
-    if attention == "flash" and spec.traits is not None and spec.traits.mla is None:
-        return "sdpa"
-    return attention
+__all__ = ["stage_graph"]
 
 
 def _traits(spec: ModelSpec) -> Traits:
