@@ -43,3 +43,70 @@ def test_composed_stage_points_equal_the_whole_simulation(model: str) -> None:
         composed += sum(1 for k in memo if isinstance(k, tuple) and k[0] == "short")
     if model != "google/gemma-2-2b":  # alternating layer kinds: always the whole simulation
         assert composed > 0
+
+
+@pytest.mark.parametrize("model", ["meta-llama/Llama-3.2-1B", "openai-community/gpt2",
+                                   "deepseek-ai/DeepSeek-V2-Lite"])
+def test_periodic_checkpointing_composes_and_equals_the_whole_simulation(model: str) -> None:
+    """``full`` on every k-th layer (torchtitan layer SAC) is composed per unit of k layers
+    (``compose(period=k)``), with a tail of ``L mod k`` layers: equal to the whole stage's
+    simulation point for point, and composed (not the fallback) for stages long enough."""
+    spec = load_model(model)
+    periodic = 0
+    for pp, every, method, tp, mb in itertools.product([1, 2], [2, 3, 4], ["full", "lora"],
+                                                      [1, 2], [1, 2]):
+        try:
+            r = Recipe.of(gpus=pp * tp, pp=pp, tp=tp, checkpointing="full",
+                          checkpoint_every=every, method=method, seq_len=128, micro_batch=mb)
+        except ConfigError:
+            continue
+        memo: dict[object, object] = {}
+        for st in layout(spec, r):
+            whole = stage_points(spec, st, r, dtypes(r))
+            fast = stage_points(spec, st, r, dtypes(r), memo)
+            assert _rows(fast[0]) == _rows(whole[0]) and fast[1] == whole[1], (pp, every, tp)
+        periodic += sum(1 for k in memo if isinstance(k, tuple) and k[0] == "short"
+                        and k[-2].every == every)
+    assert periodic > 0
+
+
+@pytest.mark.parametrize("model", ["meta-llama/Llama-3.2-1B", "microsoft/phi-2",
+                                   "google-t5/t5-small", "google-bert/bert-base-uncased",
+                                   "EleutherAI/gpt-neox-20b", "openai-community/gpt2",
+                                   "google/gemma-2-2b", "mistralai/Mixtral-8x7B-v0.1"])
+def test_flash_is_keyed_as_sdpa_only_where_the_graph_is_the_same(model: str) -> None:
+    """``graph_attention`` keys ``flash`` as ``sdpa`` (the memo shares their simulations)
+    for every graph family but multi-head latent attention: the graphs built with the raw
+    ``flash`` and with the key simulate to the same points and move the same bytes, on CPU
+    and CUDA kernels, with and without autocast, per-op and full checkpointing."""
+    from memplan.estimate.activations import _graph_args, graph_attention
+    from memplan.estimate.activations.families import stage_graph
+    from memplan.estimate.activations.graph import simulate
+    from memplan.estimate.activations.traffic import graph_traffic
+
+    spec = load_model(model)
+    assert graph_attention(spec, "flash") == "sdpa"
+    for precision, ck, device, zero in itertools.product(["bf16-mixed", "bf16-true"],
+                                                         ["none", "op", "full"],
+                                                         ["cuda", "cpu"], [0, 3]):
+        try:
+            r = Recipe.of(gpus=2, zero=zero, precision=precision, checkpointing=ck,
+                          attention="flash", device=device, seq_len=64, micro_batch=2)
+        except ConfigError:
+            continue
+        st = layout(spec, r)[0]
+        ctx, args = _graph_args(spec, st, r, dtypes(r))
+        assert args["attention"] == "sdpa"
+        layers = range(st.layers.start, min(st.layers.stop, st.layers.start + 3))
+        raw = stage_graph(spec, layers, ctx,
+                          **{**args, "attention": "flash"})  # type: ignore[arg-type]
+        keyed = stage_graph(spec, layers, ctx, **args)  # type: ignore[arg-type]
+        assert _rows(simulate(raw)) == _rows(simulate(keyed)), (precision, ck, device)
+        assert graph_traffic(raw) == graph_traffic(keyed), (precision, ck, device)
+
+
+def test_flash_keeps_its_own_key_under_multi_head_latent_attention() -> None:
+    """MLA pads v for FlashAttention-2: its graph differs from SDPA's, so the key keeps it."""
+    from memplan.estimate.activations import graph_attention
+
+    assert graph_attention(load_model("deepseek-ai/DeepSeek-V2-Lite"), "flash") == "flash"

@@ -28,7 +28,7 @@ from .timeline import Instant, moments, peak_allocated
 from .warnings import recipe_warnings
 from ..facts import Dtypes, dtypes
 
-__all__ = ["estimate", "rank_totals", "stage_parts", "StageParts"]
+__all__ = ["estimate", "rank_totals", "stage_parts", "StageParts", "trainable_params"]
 
 
 
@@ -45,12 +45,33 @@ def _role(stage: Stage, recipe: Recipe) -> str:
     return f"pp stage {stage.index} ({layers}{extra})"
 
 
-def _trainable(model: ModelSpec, recipe: Recipe, memo: dict[object, object] | None = None) -> int:
-    """Trainable parameters of the whole model (adapters for LoRA), counted once."""
+def trainable_params(model: ModelSpec, recipe: Recipe,
+                     memo: dict[object, object] | None = None) -> int:
+    """Trainable parameters of the whole model (adapters for LoRA), counted once: the
+    recipe on one GPU, without offload, engine or checkpointing (``Breakdown.model``'s
+    ``trainable_params``). ``memo``: kept under every recipe part but those four, which the
+    count (and the recipe checks the replacement runs) cannot read.
+
+    Raises:
+        ConfigError: the recipe on one GPU is refused (as ``estimate`` refuses it).
+    """
+    if memo is None:
+        return _count_trainable(model, recipe, None)
+    key = ("trainable", recipe.precision, recipe.optimizer, recipe.method, recipe.batch,
+           recipe.loss, recipe.platform, recipe.loop)
+    if key not in memo:
+        memo[key] = _count_trainable(model, recipe, memo)
+    return memo[key]  # type: ignore[return-value]
+
+
+def _count_trainable(model: ModelSpec, recipe: Recipe, memo: dict[object, object] | None) -> int:
     # engine reset too: a named engine may refuse zero=0 (fsdp2 only runs zero=3)
     whole = replace(recipe, parallelism=Parallelism(), offload=Offload(), engine=Engine(),
                     checkpointing=Checkpointing())
     return sum(h.numel for h in layout(model, whole, memo)[0].held if h.trainable)
+
+
+_trainable = trainable_params
 
 
 def _num_params(model: ModelSpec, memo: dict[object, object] | None) -> int:

@@ -13,6 +13,7 @@ GPU estimator's items; page cache of memory-mapped data is not counted (reclaima
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from ..breakdown import Breakdown, Pool
 from ..facts import dtypes, optimizer_facts
@@ -25,7 +26,8 @@ from ..results import HostEstimate, HostLine, NvmeEstimate
 from ..units import dtype_bytes
 from . import categories as c
 
-__all__ = ["estimate_host", "optimizer_state_bytes_per_element", "RULE_OF_THUMB"]
+__all__ = ["estimate_host", "host_of", "GpuSide", "optimizer_state_bytes_per_element",
+           "RULE_OF_THUMB"]
 
 RULE_OF_THUMB = ("the rule of thumb 'host RAM = 3-5x GPU memory' has no measurement behind it; "
                  "shipped 8-GPU nodes have 1.0x (8x MI300X, MLCommons inference v4.1) to about 4x "
@@ -61,15 +63,44 @@ def _offload_pinned(per_rank: int, elements: int, rounding: bool) -> int:
     return c.pinned_bytes(buffers, rounding)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GpuSide:
+    """What the host estimate reads of the GPU estimate (``GpuSide.of`` a ``Breakdown``)."""
+
+    trainable_params: int
+    """Trainable parameters of the whole model."""
+    host_bytes_per_rank: int
+    """The largest offloaded bytes in host RAM of one rank (``off_gpu_bytes(Pool.HOST)``)."""
+    nvme_bytes_per_rank: int
+    """The largest offloaded bytes on NVMe of one rank (``off_gpu_bytes(Pool.NVME)``)."""
+    capacity_bytes: int
+    """Usable memory of one GPU."""
+
+    @classmethod
+    def of(cls, b: Breakdown) -> GpuSide:
+        return cls(trainable_params=b.model.trainable_params,
+                   host_bytes_per_rank=max(r.off_gpu_bytes(Pool.HOST) for r in b.ranks),
+                   nvme_bytes_per_rank=max(r.off_gpu_bytes(Pool.NVME) for r in b.ranks),
+                   capacity_bytes=b.capacity_bytes)
+
+
 def estimate_host(b: Breakdown, model: ModelSpec, recipe: Recipe, hw: NodeHardware,
                   setup: HostSetup) -> tuple[HostEstimate, NvmeEstimate]:
     """Host RAM and NVMe of the busiest node (see the module docstring)."""
+    return host_of(GpuSide.of(b), model, recipe, hw, setup)
+
+
+def host_of(gpu: GpuSide, model: ModelSpec, recipe: Recipe, hw: NodeHardware,
+            setup: HostSetup) -> tuple[HostEstimate, NvmeEstimate]:
+    """``estimate_host`` from the numbers it reads of the GPU estimate (``memplan plan`` has
+    them without building a ``Breakdown``). Of the recipe it reads the parallelism, method,
+    precision, engine, optimizer, offload and the batch's micro-batch and sequence length."""
     local = recipe.parallelism.local_gpus
     nodes = math.ceil(recipe.parallelism.gpus / local)
     dt = dtypes(recipe)
     w_elem = dtype_bytes(dt.param if recipe.method.kind == "full" else dt.frozen)
     weights = math.ceil(model.num_params * w_elem)
-    trainable = b.model.trainable_params
+    trainable = gpu.trainable_params
     model_par = recipe.parallelism.tp * recipe.parallelism.pp
     shard = recipe.parallelism.shard_degree
     par = recipe.parallelism
@@ -91,7 +122,7 @@ def estimate_host(b: Breakdown, model: ModelSpec, recipe: Recipe, hw: NodeHardwa
         ("load",), _LOAD_FORMULA[setup.load] + ("" if setup.load == "meta" else
                                                 f", x{2 if setup.init_copy else 1} copies"))
 
-    host_per_rank = max(r.off_gpu_bytes(Pool.HOST) for r in b.ranks)
+    host_per_rank = gpu.host_bytes_per_rank
     if host_per_rank:
         raw = local * host_per_rank
         add("offloaded states", raw, STEADY,
@@ -136,14 +167,13 @@ def estimate_host(b: Breakdown, model: ModelSpec, recipe: Recipe, hw: NodeHardwa
         notes.append("host RAM of the node is unknown: give --node or --host-ram for a verdict")
     host = HostEstimate(node=hw.name, local_ranks=local, nodes=nodes, lines=tuple(lines),
                         capacity_bytes=hw.host_ram_bytes,
-                        gpu_memory_per_node_bytes=local * b.capacity_bytes, notes=tuple(notes))
-    return host, _nvme(b, recipe, hw, setup, local, state)
+                        gpu_memory_per_node_bytes=local * gpu.capacity_bytes, notes=tuple(notes))
+    return host, _nvme(gpu.nvme_bytes_per_rank, recipe, hw, setup, local, state)
 
 
-def _nvme(b: Breakdown, recipe: Recipe, hw: NodeHardware, setup: HostSetup, local: int,
+def _nvme(swap: int, recipe: Recipe, hw: NodeHardware, setup: HostSetup, local: int,
           state: int) -> NvmeEstimate:
     lines = []
-    swap = max(r.off_gpu_bytes(Pool.NVME) for r in b.ranks)
     if swap:
         lines.append(HostLine(name="ZeRO-Infinity swap files", bytes=local * swap,
                               moments=STEADY, formula=f"{local} ranks x NVMe-offloaded bytes per "

@@ -13,15 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..breakdown import Breakdown
+from ..breakdown import Breakdown, Item, Pool
 from ..errors import MemplanError
-from ..estimate import estimate, rank_totals, stage_parts
+from ..estimate import StageParts, estimate, rank_totals, stage_parts, trainable_params
 from ..hardware import Device, get_device
 from ..hardware.nodes import Node, get_node
 from ..host import HostSetup, NodeHardware, node_hardware, parse_size
+from ..host.plan import GpuSide, host_of
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
-from ..system import with_host_and_time
+from ..system import stage_loads, with_host_and_time
+from ..timing import estimate_time
 
 __all__ = ["Cluster", "Evaluated", "Evaluator"]
 
@@ -214,11 +216,56 @@ class Evaluator:
                     nvme_bytes=None, nvme_capacity_bytes=None, gpu_memory_per_node_bytes=0,
                     step_seconds=None, tokens_per_second=None, mfu=None, bottleneck=None,
                     complete=False)
-            b = estimate(self.spec, recipe, self.device, search_micro_batch=False,
-                         memo=self.memo, load=load, parts=parts)
-            b = with_host_and_time(b, self.spec, recipe, self.device, self.hw, self.setup,
-                                   memo=self.memo)
+            out = self._complete(recipe, parts, totals[worst][0], peaks[worst])
         except MemplanError:
             return None
         self.evaluated += 1
-        return Evaluated.of(recipe, b, peaks)
+        return out
+
+    def _complete(self, recipe: Recipe, parts: tuple[StageParts, ...], worst_role: str,
+                  peak: int) -> Evaluated:
+        """Host RAM, NVMe and step time of a candidate, read as ``with_host_and_time`` reads
+        them from ``estimate``'s ``Breakdown``, but from the stage parts the ``Breakdown`` is
+        built of (its offloaded bytes are the parts' ``outside`` items) and without building it:
+        ``host_of`` and ``estimate_time`` with the same arguments. The host estimate is kept
+        under what ``host_of`` reads, so the candidates that differ only in checkpointing,
+        kernel or loss share it."""
+        spec, device = self.spec, self.device
+        trainable = trainable_params(spec, recipe, self.memo)
+        host = nvme = time = None
+        if recipe.platform.device != "cpu":  # with_host_and_time adds nothing on CPU
+            setup = self.setup or HostSetup()
+            gpu = GpuSide(trainable_params=trainable,
+                          host_bytes_per_rank=max(_off_gpu(p[4], Pool.HOST) for p in parts),
+                          nvme_bytes_per_rank=max(_off_gpu(p[4], Pool.NVME) for p in parts),
+                          capacity_bytes=device.capacity_bytes)
+            key = ("host_of", gpu, recipe.parallelism, recipe.method, recipe.precision,
+                   recipe.engine, recipe.optimizer, recipe.offload, recipe.batch.micro_batch,
+                   recipe.batch.seq_len)
+            if key not in self.memo:
+                self.memo[key] = host_of(gpu, spec, recipe, self.hw, setup)
+            host, nvme = self.memo[key]  # type: ignore[misc]
+            time = estimate_time(spec, recipe, device, self.hw, setup, trainable, None,
+                                 stage_loads(spec, recipe, self.memo))
+        return Evaluated(
+            recipe=recipe, peak_bytes=peak, capacity_bytes=device.capacity_bytes,
+            worst_role=worst_role,
+            host_bytes=host.per_node_peak_bytes if host else None,
+            host_capacity_bytes=host.capacity_bytes if host else None,
+            host_peak_moment=host.peak_moment if host else None,
+            nvme_bytes=nvme.bytes if nvme else None,
+            nvme_capacity_bytes=nvme.capacity_bytes if nvme else None,
+            gpu_memory_per_node_bytes=host.gpu_memory_per_node_bytes if host else 0,
+            step_seconds=time.step_seconds if time else None,
+            tokens_per_second=time.tokens_per_second if time else None,
+            mfu=time.mfu if time else None, bottleneck=time.bottleneck if time else None,
+            model_flops_per_token=(time.model_flops_per_step / time.tokens_per_step
+                                   if time else None),
+            peak_flops_per_gpu=time.peak_flops_per_gpu if time else None,
+            complete=host is not None or time is not None)
+
+
+def _off_gpu(outside: list[Item], pool: Pool) -> int:
+    """``RankBreakdown.off_gpu_bytes``: the rank's items outside the allocator in ``pool``
+    (the allocator slack ``estimate`` adds to them is reserved GPU memory, never here)."""
+    return sum(i.bytes for i in outside if i.pool == pool)

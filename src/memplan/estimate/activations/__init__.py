@@ -24,7 +24,8 @@ from .graph import Point, simulate
 from .policy import host_checkpoint_bytes, policy_of
 from .traffic import Traffic, graph_traffic
 
-__all__ = ["Point", "Traffic", "points_key", "stage_points", "stage_traffic", "cpu_checkpoint_bytes"]
+__all__ = ["Point", "Traffic", "points_key", "stage_points", "stage_traffic",
+           "cpu_checkpoint_bytes", "graph_attention"]
 
 
 def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
@@ -129,12 +130,25 @@ def _points_key(stage: Stage, ctx: Ctx, args: dict[str, object],
     return ("stage_points", stage.layers, ctx, acc, *args.values())
 
 
+def graph_attention(spec: ModelSpec, attention: str) -> str:
+    """The attention kernel as the graph builders (``families.py``, ``ln_decoder.py``,
+    ``t5.py``) tell kernels apart, for memo keys (``_graph_args``): they test ``attention ==
+    "eager"`` (materialised scores) and otherwise write the fused kernel (``Blocks.sdpa``),
+    except multi-head latent attention (``families._mla_attention``: FlashAttention-2 pads v
+    to the q/k head dim, CPU SDPA takes the math path). So without MLA (``Traits.mla`` unset)
+    ``flash`` writes the same ops as ``sdpa``, and is keyed as ``sdpa``."""
+    if attention == "flash" and spec.traits is not None and spec.traits.mla is None:
+        return "sdpa"
+    return attention
+
+
 def _graph_args(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes
                 ) -> tuple[Ctx, dict[str, object]]:
     """What ``stage_graph`` is built from for ``stage`` under ``recipe``."""
     ctx = _context(spec, recipe, dt)
     args = dict(first=stage.index == 0, last=stage.index == recipe.parallelism.pp - 1,
-                tp=recipe.parallelism.tp, attention=str(recipe.platform.attention),
+                tp=recipe.parallelism.tp,
+                attention=graph_attention(spec, str(recipe.platform.attention)),
                 checkpointing=policy_of(recipe.checkpointing, recipe.parallelism.tp,
                                         recipe.parallelism.sequence_parallel),
                 train_from=(spec.num_layers - recipe.method.freeze_trainable_layers
@@ -172,11 +186,12 @@ def stage_traffic(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
 def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
               memo: dict[object, object], acc: bool) -> tuple[list[Point], int]:
     """``simulate`` of the stage, from three short simulations (``compose.py``) when its layers
-    are identical, else of the whole stage."""
+    are identical and the policy treats them alike, or alike every ``every`` layers (``full``
+    on every k-th layer); else of the whole stage."""
     sig = signatures(spec, memo)
     start = layers.start
-    uniform = getattr(args["checkpointing"], "uniform", True)
-    if args["train_from"] is None and uniform and len(layers) \
+    period = args["checkpointing"].period  # type: ignore[attr-defined]
+    if args["train_from"] is None and period and len(layers) \
             and len({sig[i] for i in layers}) == 1:
 
         def short(n: int) -> tuple[list[Point], int]:
@@ -189,7 +204,7 @@ def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
                 memo[k] = pts, g.param_grad_bytes
             return memo[k]  # type: ignore[return-value]
 
-        out = compose(short, start, len(layers))
+        out = compose(short, start, len(layers), period)
         if out is not None:
             return out
     g = stage_graph(spec, layers, ctx, **args)  # type: ignore[arg-type]

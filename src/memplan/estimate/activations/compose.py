@@ -11,6 +11,12 @@ with ``m``, ``m + 1`` and ``m + 2`` layers (``m = 3``), reads ``d``, ``b`` and `
 points; a check that fails returns None and the caller simulates the whole stage. The short
 simulations are kept under keys without the stage's position, so every pipeline degree reuses
 them (regions are relabelled).
+
+A policy that treats the layers periodically (``full`` on every ``k``-th layer of the stage,
+torchtitan's layer SAC) repeats a *unit* of ``k`` layers instead: the same form holds per unit
+(``L = u k + r``: ``u`` units, then ``r`` layers that are never checkpointed), with the counts
+in units and one ``d``, ``b``, ``c`` per layer of the unit; the short simulations have ``m``,
+``m + 1`` and ``m + 2`` units plus the ``r`` layers.
 """
 
 from __future__ import annotations
@@ -62,106 +68,118 @@ def _sub(a: Vec, b: Vec) -> Vec:
     return (a[0] - b[0], a[1] - b[1], a[2] - b[2])
 
 
-def _role(region: str, start: int, n: int) -> tuple[str, int] | None:
-    """(role, middle index) of a region in a short simulation of layers start..start+n-1."""
+Role = tuple[str, int, int]
+"""(kind, unit index of a middle unit else 0, layer within the unit): kind ``first``, ``mid``,
+``last`` (units), ``tail`` (the ``r`` layers after the units) or ``other:<region>``."""
+
+
+def _role(region: str, units: int, period: int) -> Role:
+    """The role of a region in a short simulation of ``units`` units of ``period`` layers
+    (regions relabelled from ``layer 0``)."""
     if not region.startswith("layer "):
-        return ("other:" + region, 0)
-    j = int(region[6:]) - start
-    if j == 0:
-        return ("first", 0)
-    if j == n - 1:
-        return ("last", 0)
-    return ("mid", j)
+        return ("other:" + region, 0, 0)
+    a, o = divmod(int(region[6:]), period)
+    if a >= units:
+        return ("tail", 0, o)
+    if a == 0:
+        return ("first", 0, o)
+    if a == units - 1:
+        return ("last", 0, o)
+    return ("mid", a, o)
 
 
-def _table(points: list[Point], start: int, n: int) -> list[tuple[str, str, int, Vec]]:
-    out = []
-    for p in points:
-        r = _role(p.region, start, n)
-        assert r is not None
-        out.append((p.phase, r[0], r[1], _vec(p)))
-    return out
+def _table(points: list[Point], units: int, period: int) -> list[tuple[str, Role, Vec]]:
+    return [(p.phase, _role(p.region, units, period), _vec(p)) for p in points]
 
 
-def _layer_block(n: int, backward: bool) -> list[tuple[str, int]]:
-    block = [("first", 0)] + [("mid", j) for j in range(1, n - 1)] + [("last", 0)]
+def _layer_block(units: int, period: int, tail: int, backward: bool) -> list[Role]:
+    block = ([("first", 0, o) for o in range(period)]
+             + [("mid", a, o) for a in range(1, units - 1) for o in range(period)]
+             + [("last", 0, o) for o in range(period)] + [("tail", 0, o) for o in range(tail)])
     return block[::-1] if backward else block
 
 
-def _split(roles: list[tuple[str, str, int]], n: int
-           ) -> dict[str, tuple[list[str], list[str]]] | None:
+def _split(roles: list[tuple[str, Role]], units: int, period: int, tail: int
+           ) -> dict[str, tuple[list[Role], list[Role]]] | None:
     """Per phase, the non-layer roles before and after the layer block; None unless each phase
-    holds exactly one block of the ``n`` layers in simulation order."""
+    holds exactly one block of the layers in simulation order."""
     out = {}
     for ph in ("forward", "backward"):
-        mine = [(role, j) for p, role, j in roles if p == ph]
-        idx = [i for i, (role, _) in enumerate(mine) if not role.startswith("other:")]
-        if not idx or mine[idx[0]:idx[-1] + 1] != _layer_block(n, ph == "backward"):
+        mine = [role for p, role in roles if p == ph]
+        idx = [i for i, role in enumerate(mine) if not role[0].startswith("other:")]
+        if not idx or mine[idx[0]:idx[-1] + 1] != _layer_block(units, period, tail,
+                                                                ph == "backward"):
             return None
-        out[ph] = ([r for r, _ in mine[:idx[0]]], [r for r, _ in mine[idx[-1] + 1:]])
-    if [p for p, _, _ in roles] != sorted((p for p, _, _ in roles), key=("forward",
-                                                                          "backward").index):
+        out[ph] = (mine[:idx[0]], mine[idx[-1] + 1:])
+    if [p for p, _ in roles] != sorted((p for p, _ in roles), key=("forward",
+                                                                   "backward").index):
         return None
     return out
 
 
-def _layout(parts: dict[str, tuple[list[str], list[str]]], n: int) -> list[tuple[str, str, int]]:
-    """(phase, role, middle index) in simulation order for ``n`` layers."""
+def _layout(parts: dict[str, tuple[list[Role], list[Role]]], units: int, period: int,
+            tail: int) -> list[tuple[str, Role]]:
+    """(phase, role) in simulation order for ``units`` units."""
     out = []
     for ph in ("forward", "backward"):
         before, after = parts[ph]
-        out += [(ph, r, 0) for r in before]
-        out += [(ph, r, j) for r, j in _layer_block(n, ph == "backward")]
-        out += [(ph, r, 0) for r in after]
+        out += [(ph, r) for r in before]
+        out += [(ph, r) for r in _layer_block(units, period, tail, ph == "backward")]
+        out += [(ph, r) for r in after]
     return out
 
 
-def compose(simulate: Simulate, start: int, length: int) -> tuple[list[Point], int] | None:
-    """Points of layers ``start .. start + length - 1`` (identical) from short simulations
-    ``simulate(n)``, n = M, M+1, M+2; None when the short simulations do not follow the
-    affine form exactly (the caller then simulates the stage)."""
-    if length <= M + 2:
+def compose(simulate: Simulate, start: int, length: int, period: int = 1
+            ) -> tuple[list[Point], int] | None:
+    """Points of layers ``start .. start + length - 1`` (identical, treated alike every
+    ``period`` layers) from short simulations ``simulate(n)`` of ``n = u * period + r``
+    layers, u = M, M+1, M+2 units and ``r = length % period``; None when the short
+    simulations do not follow the affine form exactly (the caller then simulates the stage)."""
+    units, tail = divmod(length, period)
+    if units <= M + 2:
         return None
-    runs = {n: simulate(n) for n in (M, M + 1, M + 2)}
-    tables = {n: _table(pts, 0, n) for n, (pts, _) in runs.items()}
-    parts = _split([(ph, role, j) for ph, role, j, _ in tables[M]], M)
+    runs = {u: simulate(u * period + tail) for u in (M, M + 1, M + 2)}
+    tables = {u: _table(pts, u, period) for u, (pts, _) in runs.items()}
+    parts = _split([(ph, role) for ph, role, _ in tables[M]], M, period, tail)
     if parts is None:
         return None
-    for n, t in tables.items():
-        if [(ph, role, j) for ph, role, j, _ in t] != _layout(parts, n):
+    for u, t in tables.items():
+        if [(ph, role) for ph, role, _ in t] != _layout(parts, u, period, tail):
             return None
-    grads = {n: g for n, (_, g) in runs.items()}
+    grads = {u: g for u, (_, g) in runs.items()}
     if grads[M + 2] - grads[M + 1] != grads[M + 1] - grads[M]:
         return None
     # affine parameters, from M and M + 1; checked on all three
-    by = {n: {(ph, role, j): v for ph, role, j, v in t} for n, t in tables.items()}
-    slopes = {k: _sub(by[M + 1][k], v) for k, v in by[M].items() if k[1] != "mid"}
-    mids = {ph: (by[M][(ph, "mid", 1)],
-                 _sub(by[M + 1][(ph, "mid", 2)], by[M + 1][(ph, "mid", 1)]),
-                 _sub(by[M + 1][(ph, "mid", 1)], by[M][(ph, "mid", 1)]))
-            for ph in ("forward", "backward")}
+    by = {u: {(ph, role): v for ph, role, v in t} for u, t in tables.items()}
+    slopes = {k: _sub(by[M + 1][k], v) for k, v in by[M].items() if k[1][0] != "mid"}
+    mids = {(ph, o): (by[M][(ph, ("mid", 1, o))],
+                      _sub(by[M + 1][(ph, ("mid", 2, o))], by[M + 1][(ph, ("mid", 1, o))]),
+                      _sub(by[M + 1][(ph, ("mid", 1, o))], by[M][(ph, ("mid", 1, o))]))
+            for ph in ("forward", "backward") for o in range(period)}
 
-    def value(k: tuple[str, str, int], n: int) -> Vec:
-        ph, role, j = k
-        if role == "mid":
-            a, b, c = mids[ph]
-            return _add(_add(a, b, j - 1), c, n - M)
-        return _add(by[M][(ph, role, 0)], slopes[(ph, role, 0)], n - M)
+    def value(k: tuple[str, Role], u: int) -> Vec:
+        ph, (kind, j, o) = k
+        if kind == "mid":
+            a, b, c = mids[(ph, o)]
+            return _add(_add(a, b, j - 1), c, u - M)
+        return _add(by[M][k], slopes[k], u - M)
 
-    for n in (M, M + 1, M + 2):
-        if any(value(k, n) != v for k, v in by[n].items()):
+    for u in (M, M + 1, M + 2):
+        if any(value(k, u) != v for k, v in by[u].items()):
             return None
     out = []
-    for k in _layout(parts, length):
-        ph, role, j = k
-        if role == "first":
-            region = f"layer {start}"
-        elif role == "last":
-            region = f"layer {start + length - 1}"
-        elif role == "mid":
-            region = f"layer {start + j}"
+    for k in _layout(parts, units, period, tail):
+        ph, (kind, j, o) = k
+        if kind == "first":
+            region = f"layer {start + o}"
+        elif kind == "last":
+            region = f"layer {start + (units - 1) * period + o}"
+        elif kind == "mid":
+            region = f"layer {start + j * period + o}"
+        elif kind == "tail":
+            region = f"layer {start + units * period + o}"
         else:
-            region = role[len("other:"):]
-        s, t, g = value(k, length)
+            region = kind[len("other:"):]
+        s, t, g = value(k, units)
         out.append(Point(ph, region, s, t, g))
-    return out, grads[M] + (length - M) * (grads[M + 1] - grads[M])
+    return out, grads[M] + (units - M) * (grads[M + 1] - grads[M])

@@ -143,10 +143,10 @@ class Graph:
         kind for a per-op policy (``mm``: counted, every second one recomputed; ``attention``: a
         fused attention kernel; ``never``: an ``mm`` forced to recompute and not counted; ''
         anything else, recomputed); ``origin``: see ``Op.origin``."""
-        ins = tuple(t for t in inputs if t is not None)
-        g = tuple(t for t in (ins if grads is None else grads) if t is not None and t.grad)
-        kept = tuple(t for t in saves if t is not None)
-        if ins and not params and not any(t.grad for t in ins):
+        ins = tuple([t for t in inputs if t is not None])
+        g = tuple([t for t in (ins if grads is None else grads) if t is not None and t.grad])
+        kept = tuple([t for t in saves if t is not None]) if saves else ()
+        if ins and not params and not any([t.grad for t in ins]):
             kept = ()  # no input needs a gradient: autograd records no node, saves nothing
         cached = False
         if self._sac and self.group >= 0:
@@ -158,12 +158,14 @@ class Graph:
                 cached = self.save_attention
         self.ops.append(Op(self.region, ins, tuple(outputs), kept, g, params, self.group, kind,
                            cached, origin))
-        self.param_grad_bytes += sum(b32 or b for b, b32 in params)
+        if params:
+            self.param_grad_bytes += sum([b32 or b for b, b32 in params])
 
 
 class _State:
+    # Tensors are dict keys by identity (``Tensor`` is ``eq=False``: hashed by ``id``).
     def __init__(self) -> None:
-        self.live: dict[int, tuple[Tensor, str]] = {}  # id -> (tensor, kind: saved|temp)
+        self.live: dict[Tensor, bool] = {}  # tensor -> saved (True) or temp (False)
         self.saved = 0
         self.temp = 0
         self.grads = 0
@@ -171,19 +173,20 @@ class _State:
         self.order: list[tuple[str, str]] = []
 
     def alloc(self, t: Tensor, kind: str) -> None:
-        if t.external or id(t) in self.live:
+        if t.external or t in self.live:
             return
-        self.live[id(t)] = (t, kind)
-        if kind == "saved":
+        saved = kind == "saved"
+        self.live[t] = saved
+        if saved:
             self.saved += t.nbytes
         else:
             self.temp += t.nbytes
 
     def free(self, t: Tensor) -> None:
-        entry = self.live.pop(id(t), None)
-        if entry is None:
+        saved = self.live.pop(t, None)
+        if saved is None:
             return
-        if entry[1] == "saved":
+        if saved:
             self.saved -= t.nbytes
         else:
             self.temp -= t.nbytes
@@ -194,9 +197,9 @@ class _State:
         if p is None:
             p = self.points[key] = Point(phase, region)
             self.order.append(key)
-        total = self.saved + self.temp + extra_temp + self.grads
-        if total > p.total:
-            p.saved, p.temp, p.grads = self.saved, self.temp + extra_temp, self.grads
+        temp = self.temp + extra_temp
+        if self.saved + temp + self.grads > p.saved + p.temp + p.grads:
+            p.saved, p.temp, p.grads = self.saved, temp, self.grads
 
 
 def simulate(graph: Graph) -> list[Point]:
@@ -206,71 +209,74 @@ def simulate(graph: Graph) -> list[Point]:
     st = _State()
     # Who saves a tensor, outside checkpointed groups (inside one, saves die with the forward,
     # except the outputs a selective policy caches).
-    keepers: dict[int, int] = {}
+    keepers: dict[Tensor, int] = {}
+    get = keepers.get
     for op in ops:
-        for t in op.saves:
-            if op.group < 0:
-                keepers[id(t)] = keepers.get(id(t), 0) + 1
+        if op.group < 0:
+            for t in op.saves:
+                keepers[t] = get(t, 0) + 1
         if op.cached:
             for t in op.outputs:
-                keepers[id(t)] = keepers.get(id(t), 0) + 1
+                keepers[t] = get(t, 0) + 1
     # Inputs of a checkpointed group are saved by the checkpoint itself.
     group_inputs: dict[int, list[Tensor]] = {}
-    made_in: dict[int, int] = {}
+    made_in: dict[Tensor, int] = {}
     for op in ops:
         for t in op.outputs:
-            made_in[id(t)] = op.group
+            made_in[t] = op.group
     for op in ops:
         if op.group >= 0:
             for t in op.inputs:
-                if made_in.get(id(t), -1) != op.group and not t.external:
+                if made_in.get(t, -1) != op.group and not t.external:
                     lst = group_inputs.setdefault(op.group, [])
                     if t not in lst:
                         lst.append(t)
                         if graph.stash is None:
-                            keepers[id(t)] = keepers.get(id(t), 0) + 1
-    stashes: set[int] = set()
+                            keepers[t] = get(t, 0) + 1
+    stashes: set[Tensor] = set()
     if graph.stash is not None:
         ops = _with_stashes(ops, group_inputs, graph.stash, keepers, stashes)
 
     # -- forward ---------------------------------------------------------------------------
     _run_forward(ops, st, "forward", keepers, hold_kept=True)
-    for t, _ in list(st.live.values()):  # forward ends: autocast cache and outputs dropped
-        if t.keep and not keepers.get(id(t)):
+    for t in list(st.live):  # forward ends: autocast cache and outputs dropped
+        if t.keep and not get(t):
             st.free(t)
 
     # -- backward --------------------------------------------------------------------------
-    grad_of: dict[int, Tensor] = {}
+    grad_of: dict[Tensor, Tensor] = {}
     remaining = dict(keepers)
     group_ops: dict[int, list[Op]] = {}
     for op in ops:
         if op.group >= 0:
             group_ops.setdefault(op.group, []).append(op)
     recomputed: set[int] = set()
-    waiting: dict[int, list[Tensor]] = {}  # gradients read by a fused chain, by its link
+    waiting: dict[Tensor, list[Tensor]] = {}  # gradients read by a fused chain, by its link
     held: Tensor | None = None  # a tied head's gradient (``Graph.tied``)
     last = ops[-1] if ops else None
+    tied = graph.tied
+    accumulate = graph.accumulate
     for op in reversed(ops):
         if op.group >= 0 and op.group not in recomputed:
             recomputed.add(op.group)
             if graph.stash is not None:  # DeepSpeed gathers / copies the full inputs back
                 for t in group_inputs.get(op.group, []):
-                    if id(t) in stashes:
+                    if t in stashes:
                         continue
                     st.alloc(t, "saved")
-                    remaining[id(t)] = remaining.get(id(t), 0) + 1
+                    remaining[t] = remaining.get(t, 0) + 1
             _recompute(group_ops[op.group], st, remaining)
-        flowing = op is last or any(id(t) in grad_of for t in op.outputs)
+        flowing = op is last or any(t in grad_of for t in op.outputs)
         cast = 0
-        tied_head = graph.accumulate and graph.tied and op is graph.tied[1]
+        tied_head = accumulate and tied and op is tied[1]
         if flowing:
             extra = 0
             for t in op.grad_inputs:
-                if id(t) in grad_of:
+                if t in grad_of:
                     extra += t.nbytes  # computed, then added in place into the buffer
                 else:
                     g = Tensor(t.nbytes, t.itemsize)
-                    grad_of[id(t)] = g
+                    grad_of[t] = g
                     st.alloc(g, "temp")
             for b, b32 in op.param_grads:
                 if tied_head and b == max(p[0] for p in op.param_grads) and held is None:
@@ -279,69 +285,72 @@ def simulate(graph: Graph) -> list[Point]:
                     cast += b if b32 else 0  # the 16-bit gradient beside its fp32 copy
                     st.grads += b32 or b
                     continue
-                extra += b if b32 or graph.accumulate else 0
+                extra += b if b32 or accumulate else 0
                 # accumulating, the cast (a node of its own) runs after this op has freed its
                 # saves: the 16-bit gradient and its fp32 copy, until AccumulateGrad adds it
-                cast += b + b32 if b32 and graph.accumulate else 0
+                cast += b + b32 if b32 and accumulate else 0
                 st.grads += b32 or b
-            if held is not None and op is graph.tied[0]:
+            if held is not None and op is tied[0]:
                 extra += held.nbytes  # the two summed out of place (measured: 3 copies live)
             st.mark("backward", op.region, extra)
-        fused = [grad_of[id(t)] for t in op.grad_inputs
-                 if not t.nbytes and not t.external and id(t) in grad_of]
+        fused = [grad_of[t] for t in op.grad_inputs
+                 if not t.nbytes and not t.external and t in grad_of]
         for t in op.outputs:
-            g = grad_of.pop(id(t), None)
+            g = grad_of.pop(t, None)
             if g is not None:
                 if fused:  # read by a fused kernel (compiled.py) until its chain ends
-                    waiting.setdefault(id(fused[0]), []).append(g)
+                    waiting.setdefault(fused[0], []).append(g)
                 else:
                     _release(g, st, waiting)
         for t in op.saves:
-            k = id(t)
-            if k in remaining:
-                remaining[k] -= 1
-                if remaining[k] <= 0:
+            n = remaining.get(t)
+            if n is not None:
+                remaining[t] = n - 1
+                if n <= 1:
                     st.free(t)
         if op.group >= 0 and op is group_ops[op.group][0]:
             for t in group_inputs.get(op.group, []):
-                remaining[id(t)] = remaining.get(id(t), 1) - 1
-                if remaining[id(t)] <= 0:
+                n = remaining.get(t, 1) - 1
+                remaining[t] = n
+                if n <= 0:
                     st.free(t)
         if cast:
             st.mark("backward", op.region, cast)
-        if held is not None and graph.tied and op is graph.tied[0]:
+        if held is not None and tied and op is tied[0]:
             st.free(held)
             held = None
     return [st.points[k] for k in st.order]
 
 
-def _release(g: Tensor, st: _State, waiting: dict[int, list[Tensor]]) -> None:
+def _release(g: Tensor, st: _State, waiting: dict[Tensor, list[Tensor]]) -> None:
     """Free the gradient ``g`` and the gradients a fused backward kernel read to make it
     (a 0-byte link of a fused chain holds the chain's input gradients until its own end)."""
     st.free(g)
-    for h in waiting.pop(id(g), ()):
+    for h in waiting.pop(g, ()):
         _release(h, st, waiting)
 
 
-def _run_forward(ops: list[Op], st: _State, phase: str, held: dict[int, int], *,
+def _run_forward(ops: list[Op], st: _State, phase: str, held: dict[Tensor, int], *,
                  hold_kept: bool) -> None:
     """Run ``ops`` forward: allocate outputs, then free every tensor past its last use that
     nothing holds (``held``: pending saves; ``hold_kept``: also tensors marked ``keep``)."""
-    last_use: dict[int, int] = {}
+    last_use: dict[Tensor, int] = {}
     for i, op in enumerate(ops):
         for t in op.inputs:
-            last_use[id(t)] = i
+            last_use[t] = i
+    get, used = held.get, last_use.get
     for i, op in enumerate(ops):
         for t in op.outputs:
-            st.alloc(t, "saved" if held.get(id(t)) else "temp")
+            st.alloc(t, "saved" if get(t) else "temp")
         st.mark(phase, op.region)
-        for t in op.inputs + op.outputs:
-            if last_use.get(id(t), -1) <= i and not (hold_kept and t.keep) and not held.get(id(t)):
-                st.free(t)
+        for ts in (op.inputs, op.outputs):
+            for t in ts:
+                if used(t, -1) <= i and not (hold_kept and t.keep) and not get(t):
+                    st.free(t)
 
 
 def _with_stashes(ops: list[Op], group_inputs: dict[int, list[Tensor]], fraction: float,
-                  keepers: dict[int, int], stashes: set[int]) -> list[Op]:
+                  keepers: dict[Tensor, int], stashes: set[Tensor]) -> list[Op]:
     """``ops`` with, before each group's first op, an op making the group's stash: ``fraction``
     of its inputs' bytes, held until the group's backward ends (listed with its inputs)."""
     out: list[Op] = []
@@ -352,21 +361,21 @@ def _with_stashes(ops: list[Op], group_inputs: dict[int, list[Tensor]], fraction
             ins = group_inputs.get(op.group, [])
             stash = Tensor(int(sum(t.nbytes for t in ins) * fraction), grad=False)
             if stash.nbytes:
-                keepers[id(stash)] = 1
-                stashes.add(id(stash))
+                keepers[stash] = 1
+                stashes.add(stash)
                 ins.append(stash)
                 out.append(Op(op.region, (), (stash,), (), ()))
         out.append(op)
     return out
 
 
-def _recompute(ops: list[Op], st: _State, remaining: dict[int, int]) -> None:
+def _recompute(ops: list[Op], st: _State, remaining: dict[Tensor, int]) -> None:
     """Re-run a checkpointed group's forward in the backward: its saves come back to life; the
     outputs a selective policy cached are handed back (the cache lets go of them)."""
     for op in ops:
         for t in op.saves:
-            remaining[id(t)] = remaining.get(id(t), 0) + 1
+            remaining[t] = remaining.get(t, 0) + 1
         if op.cached:
             for t in op.outputs:
-                remaining[id(t)] = remaining.get(id(t), 0) - 1
+                remaining[t] = remaining.get(t, 0) - 1
     _run_forward(ops, st, "backward", remaining, hold_kept=False)

@@ -78,10 +78,11 @@ class Policy:
         return (j + 1) % self.every == 0
 
     @property
-    def uniform(self) -> bool:
-        """Every layer of a stage is treated alike (a stage can be composed from short
-        simulations: ``compose.py``)."""
-        return self.every == 1 and not self.layers
+    def period(self) -> int:
+        """Layers after which the policy repeats within a stage (``compose.py`` composes a stage
+        from short simulations per unit of this many layers); 0 when it never repeats (the first
+        ``layers`` layers)."""
+        return 0 if self.layers else self.every
 
     @property
     def selective(self) -> bool:

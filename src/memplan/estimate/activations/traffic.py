@@ -38,18 +38,19 @@ __all__ = ["Traffic", "graph_traffic"]
 
 
 def _unique(ts: tuple[Tensor, ...] | list[Tensor]) -> list[Tensor]:
-    seen: dict[int, Tensor] = {}
-    for t in ts:
-        seen.setdefault(id(t), t)
-    return list(seen.values())
+    # first occurrences in order (``Tensor`` is ``eq=False``: hashed by identity)
+    return list(dict.fromkeys(ts))
 
 
 def _runs_backward(op: Op) -> bool:
     return bool(op.grad_inputs or op.param_grads)
 
 
-def _eager(op: Op) -> tuple[float, float, float, float]:
-    """(forward bytes, forward kernels, backward bytes, backward kernels) of one op, eager."""
+def _eager(op: Op, io: list[Tensor] | None = None, saves: list[Tensor] | None = None
+           ) -> tuple[float, float, float, float]:
+    """(forward bytes, forward kernels, backward bytes, backward kernels) of one op, eager;
+    ``io``, ``saves``: ``_unique`` of its inputs + outputs and of its saves, when the caller
+    has them."""
     fk = 1.0 if (op.inputs or op.outputs) else 0.0
     bk = 0.0
     if _runs_backward(op):
@@ -57,11 +58,11 @@ def _eager(op: Op) -> tuple[float, float, float, float]:
             float(max(1, len(op.grad_inputs)) + (len(op.param_grads) if op.kind == "ew" else 0))
     if op.kind != "ew":
         return 0.0, fk, 0.0, bk
-    fb = sum(t.nbytes for t in _unique(list(op.inputs) + list(op.outputs)))
+    fb = sum(t.nbytes for t in (io if io is not None else _unique(op.inputs + op.outputs)))
     bb = 0.0
     if _runs_backward(op):
         bb = (sum(t.nbytes for t in op.outputs if t.grad)
-              + sum(t.nbytes for t in _unique(op.saves))
+              + sum(t.nbytes for t in (saves if saves is not None else _unique(op.saves)))
               + sum(t.nbytes for t in op.grad_inputs) + sum(b for b, _ in op.param_grads))
     return float(fb), fk, bb, bk
 
@@ -77,16 +78,16 @@ def _chains(ops: list[Op]) -> tuple[dict[int, int], int]:
             i = parent[i]
         return i
 
-    producer: dict[int, int] = {}
+    producer: dict[Tensor, int] = {}
     for i, op in enumerate(ops):
         if op.kind == "ew":
             for t in op.outputs:
-                producer[id(t)] = i
+                producer[t] = i
     for i, op in enumerate(ops):
         if op.kind != "ew":
             continue
         for t in op.inputs:
-            j = producer.get(id(t))
+            j = producer.get(t)
             if j is not None:
                 parent[find(i)] = find(j)
     roots = {i: find(i) for i, op in enumerate(ops) if op.kind == "ew"}
@@ -97,52 +98,56 @@ def graph_traffic(g: Graph) -> dict[str, Traffic]:
     """Traffic of ``g`` per region (``embedding``, ``layer i``, ``head``, ``loss``), forward,
     backward and the recompute of checkpointed groups (module docstring)."""
     ops = g.ops
-    producer_kind: dict[int, str] = {}
-    consumers: dict[int, list[str]] = {}
-    saved: set[int] = set()
-    grad_uses: dict[int, int] = {}
+    producer_kind: dict[Tensor, str] = {}
+    consumers: dict[Tensor, list[str]] = {}
+    saved: set[Tensor] = set()
+    grad_uses: dict[Tensor, int] = {}
     for op in ops:
         for t in op.outputs:
-            producer_kind[id(t)] = op.kind
+            producer_kind[t] = op.kind
         for t in op.inputs:
-            consumers.setdefault(id(t), []).append(op.kind)
-        saved.update(id(t) for t in op.saves)
+            consumers.setdefault(t, []).append(op.kind)
+        saved.update(op.saves)
         if _runs_backward(op):
             for t in op.grad_inputs:
-                grad_uses[id(t)] = grad_uses.get(id(t), 0) + 1
+                grad_uses[t] = grad_uses.get(t, 0) + 1
 
     def boundary(t: Tensor) -> bool:
-        made = producer_kind.get(id(t))
-        used = consumers.get(id(t), [])
+        made = producer_kind.get(t)
+        used = consumers.get(t, [])
         if made != "ew":                         # read by a chain from outside it
             return "ew" in used
-        return id(t) in saved or not used or any(k != "ew" for k in used)
+        return t in saved or not used or any(k != "ew" for k in used)
 
     chain_of, _ = _chains(ops)
     out: dict[str, list[float]] = {}
     chain_seen: set[tuple[int, int]] = set()
-    counted_fwd: set[int] = set()
-    counted_bwd: set[int] = set()
-    accumulated: set[int] = set()
+    counted_fwd: set[Tensor] = set()
+    counted_bwd: set[Tensor] = set()
+    accumulated: set[Tensor] = set()
     for i, op in enumerate(ops):
-        fb, fk, bb, bk = _eager(op)
+        ew = op.kind == "ew"
+        io = _unique(op.inputs + op.outputs) if ew else None
+        saves = _unique(op.saves) if ew else None
+        fb, fk, bb, bk = _eager(op, io, saves)
         passes = 2.0 if op.group >= 0 else 1.0    # checkpointed: forward again in backward
         eb, ek = fb * passes + bb, fk * passes + bk
         xb = xk = 0.0
-        if op.kind == "ew":
+        if ew:
+            assert io is not None and saves is not None
             f_fused = 0.0
-            for t in _unique(list(op.inputs) + list(op.outputs)):
-                if id(t) not in counted_fwd and boundary(t):
-                    counted_fwd.add(id(t))
+            for t in io:
+                if t not in counted_fwd and boundary(t):
+                    counted_fwd.add(t)
                     f_fused += t.nbytes
             b_fused = 0.0
             if _runs_backward(op):
                 grads = [t for t in op.outputs if t.grad] + list(op.grad_inputs)
                 for t in _unique(grads):
-                    if id(t) not in counted_bwd and boundary(t):
-                        counted_bwd.add(id(t))
+                    if t not in counted_bwd and boundary(t):
+                        counted_bwd.add(t)
                         b_fused += t.nbytes
-                b_fused += sum(t.nbytes for t in _unique(op.saves)) \
+                b_fused += sum(t.nbytes for t in saves) \
                     + sum(b for b, _ in op.param_grads)
             new_chain = (chain_of[i], op.group) not in chain_seen
             chain_seen.add((chain_of[i], op.group))
@@ -152,9 +157,9 @@ def graph_traffic(g: Graph) -> dict[str, Traffic]:
             xk = ek
         if _runs_backward(op):
             for t in op.grad_inputs:
-                if grad_uses.get(id(t), 0) > 1 and id(t) not in accumulated:
-                    accumulated.add(id(t))
-                    extra = grad_uses[id(t)] - 1
+                if grad_uses.get(t, 0) > 1 and t not in accumulated:
+                    accumulated.add(t)
+                    extra = grad_uses[t] - 1
                     eb += 3.0 * t.nbytes * extra
                     ek += extra
         acc = out.setdefault(op.region, [0.0, 0.0, 0.0, 0.0])
