@@ -44,6 +44,7 @@ class Stream:
         self.error: str | None = None
         """Why writing stopped (e.g. ``[Errno 28] No space left on device``), else None."""
         self._buf: list[str] = []
+        self._closed = False
         self._lock = threading.Lock()
         self._last = time.monotonic()
         try:
@@ -54,8 +55,8 @@ class Stream:
 
     def put(self, record: dict[str, Any], *, flush: bool = False) -> None:
         """Queue ``record``; flush when asked or when ``flush_s`` has passed."""
-        if self.error is not None:
-            return
+        if self.error is not None or self._closed:
+            return  # after close: an exit hook recording the end of a session already written
         line = json.dumps(record, separators=(",", ":")) + "\n"
         with self._lock:
             self._buf.append(line)
@@ -66,7 +67,7 @@ class Stream:
         with self._lock:
             lines, self._buf = self._buf, []
             self._last = time.monotonic()
-            if self.error is not None or not lines:
+            if self.error is not None or self._closed or not lines:
                 return
             try:
                 self._f.write("".join(lines))
@@ -76,6 +77,8 @@ class Stream:
 
     def close(self) -> None:
         self.flush()
+        with self._lock:
+            self._closed = True
         if self.error is None:
             try:
                 self._f.close()
