@@ -21,6 +21,17 @@ def _rows(points: list) -> list[tuple]:  # type: ignore[type-arg]
     return [(p.phase, p.region, p.saved, p.temp, p.grads) for p in points]
 
 
+def _memo_equals_whole(spec, r: Recipe, where: tuple) -> dict[object, object]:
+    """Every stage of ``r``: the memoised (composed) points equal the whole simulation's; the
+    memo, to see what was composed."""
+    memo: dict[object, object] = {}
+    for st in layout(spec, r):
+        whole = stage_points(spec, st, r, dtypes(r))
+        fast = stage_points(spec, st, r, dtypes(r), memo)
+        assert _rows(fast[0]) == _rows(whole[0]) and fast[1] == whole[1], where
+    return memo
+
+
 @pytest.mark.parametrize("model", ["meta-llama/Llama-3.2-1B", "deepseek-ai/DeepSeek-V2-Lite",
                                    "openai-community/gpt2", "google/gemma-2-2b"])
 def test_composed_stage_points_equal_the_whole_simulation(model: str) -> None:
@@ -35,11 +46,7 @@ def test_composed_stage_points_equal_the_whole_simulation(model: str) -> None:
                           sequence_parallel=tp > 1 and ck == "none")
         except ConfigError:
             continue
-        memo: dict[object, object] = {}
-        for st in layout(spec, r):
-            whole = stage_points(spec, st, r, dtypes(r))
-            fast = stage_points(spec, st, r, dtypes(r), memo)
-            assert _rows(fast[0]) == _rows(whole[0]) and fast[1] == whole[1], (pp, ck, loss)
+        memo = _memo_equals_whole(spec, r, (pp, ck, loss))
         composed += sum(1 for k in memo if isinstance(k, tuple) and k[0] == "short")
     if model != "google/gemma-2-2b":  # alternating layer kinds: always the whole simulation
         assert composed > 0
@@ -60,11 +67,7 @@ def test_periodic_checkpointing_composes_and_equals_the_whole_simulation(model: 
                           checkpoint_every=every, method=method, seq_len=128, micro_batch=mb)
         except ConfigError:
             continue
-        memo: dict[object, object] = {}
-        for st in layout(spec, r):
-            whole = stage_points(spec, st, r, dtypes(r))
-            fast = stage_points(spec, st, r, dtypes(r), memo)
-            assert _rows(fast[0]) == _rows(whole[0]) and fast[1] == whole[1], (pp, every, tp)
+        memo = _memo_equals_whole(spec, r, (pp, every, tp))
         periodic += sum(1 for k in memo if isinstance(k, tuple) and k[0] == "short"
                         and k[-2].every == every)
     assert periodic > 0
