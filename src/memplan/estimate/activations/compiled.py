@@ -75,7 +75,7 @@ def compiled(g: Graph, scope: str) -> Graph:
         for t in op.inputs:
             consumers.setdefault(id(t), []).append(op)
     final = {id(t) for t in g.ops[-1].outputs} if g.ops else set()
-    for name, ops in regions.items():
+    for ops in regions.values():
         _partition(ops, consumers, final, set(map(id, ops)))
     return g
 
