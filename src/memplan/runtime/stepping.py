@@ -87,7 +87,7 @@ Known limitations
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 
 import torch
 
@@ -109,6 +109,25 @@ from .tracker import StorageTracker
 __all__ = ["CATEGORIES", "PHASES", "MomentMeasurement", "StepMeasurement", "measure_step"]
 
 
+def _compiled_tracker(model: torch.nn.Module, batch: dict, optimizer: torch.optim.Optimizer,
+                      loss_fn: Callable[[torch.nn.Module, dict], torch.Tensor],
+                      autocast_dtype: torch.dtype | None, routing: ExitStack) -> StorageTracker:
+    """Route Inductor's allocations through the dispatcher for as long as ``routing`` is open,
+    run one untracked forward and backward of the compiled ``model`` (compilation happens here,
+    outside the counted steps; the gradients are dropped again) and return the tracker the
+    compiled code runs under (``memplan.runtime.compiled``)."""
+    from .compiled import CompiledTracker, allocations_seen
+
+    routing.enter_context(allocations_seen())
+    with (torch.autocast(next(model.parameters()).device.type, dtype=autocast_dtype)
+          if autocast_dtype is not None else nullcontext()):
+        warm = loss_fn(model, batch)
+    warm.backward()
+    del warm
+    optimizer.zero_grad(set_to_none=True)
+    return CompiledTracker()
+
+
 def _default_loss(model: torch.nn.Module, batch: dict) -> torch.Tensor:
     return model(**batch).loss
 
@@ -128,7 +147,6 @@ def measure_step(
     grad_accum: int = 1,
     scale_in_place: bool = False,
     compile_scope: str = "",
-    _compiled: bool = False,
 ) -> list[StepMeasurement]:
     """Run ``steps`` real training steps and count live tensor bytes in each.
 
@@ -154,26 +172,8 @@ def measure_step(
     ``compile_scope`` (``blocks``, ``model``): the model is compiled first
     (``memplan.runtime.compiled``) and one forward and backward run untracked, so that
     compilation is done (gradients dropped again, no optimizer step); the steps are then counted
-    without module labels or saved-tensor hooks, which would make Dynamo fall back to eager.
+    by a tracker that lets Dynamo through, with Inductor's buffers allocated visibly.
     """
-    if compile_scope:
-        from .compiled import allocations_seen, compile_model
-        from .labels import layer_stack
-
-        with allocations_seen():
-            compiled_loss = compile_model(model, compile_scope, layer_stack(model))
-            loss_fn = compiled_loss or loss_fn
-            with (torch.autocast(next(model.parameters()).device.type, dtype=autocast_dtype)
-                  if autocast_dtype is not None else nullcontext()):
-                warm = (loss_fn or _default_loss)(model, batch)
-            warm.backward()
-            del warm
-            optimizer.zero_grad(set_to_none=True)
-            return measure_step(model, batch, optimizer, autocast_dtype=autocast_dtype,
-                                steps=steps, loss_fn=loss_fn, labels=False,
-                                outputs_kept=outputs_kept, zero_grad_at=zero_grad_at,
-                                set_to_none=set_to_none, grad_accum=grad_accum,
-                                scale_in_place=scale_in_place, _compiled=True)
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if outputs_kept and loss_fn is not None:
@@ -182,25 +182,31 @@ def measure_step(
         raise ValueError(f"grad_accum must be >= 1, got {grad_accum}")
     if zero_grad_at not in ("after-step", "before-backward"):
         raise ValueError(f"zero_grad_at={zero_grad_at!r} is not after-step or before-backward")
+    if compile_scope:
+        from .compiled import compile_model
+        from .labels import layer_stack
+
+        loss_fn = compile_model(model, compile_scope, layer_stack(model)) or loss_fn
     loss_fn = loss_fn or _default_loss
     params = list(model.parameters())
     buffers = list(model.buffers())
     device_type = params[0].device.type if params else "cpu"
 
-    if _compiled:
-        from .compiled import CompiledTracker
-
-        tracker: StorageTracker = CompiledTracker()
-    else:
-        tracker = StorageTracker()
+    routing = ExitStack()
+    try:
+        tracker = (_compiled_tracker(model, batch, optimizer, loss_fn, autocast_dtype, routing)
+                   if compile_scope else StorageTracker())
+    except BaseException:
+        routing.close()
+        raise
     labeller = ModuleLabeller(model, tracker) if labels else None
     owners = labeller.owner_of_tensor if labeller else {}
     results: list[StepMeasurement] = []
     outputs = None  # the loop's variable under outputs_kept
     try:
-        with tracker, (nullcontext() if _compiled else torch.autograd.graph.saved_tensors_hooks(
+        with routing, tracker, torch.autograd.graph.saved_tensors_hooks(
             tracker.pack_hook, tracker.unpack_hook
-        )):
+        ):
             for step in range(steps):
                 tracker.set_phase(None)
                 if zero_grad_at == "after-step":  # after the last step = before this forward

@@ -42,9 +42,8 @@ from collections import deque
 
 from .graph import Graph, Op, Tensor
 
-__all__ = ["compiled", "SCOPES"]
+__all__ = ["compiled"]
 
-SCOPES = ("blocks", "model")
 _INF = float("inf")
 
 

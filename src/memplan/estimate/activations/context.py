@@ -67,7 +67,7 @@ class Ctx:
     head_trained: bool = False
     """The output layer trains under a frozen-base method (PEFT ``modules_to_save``)."""
     compile: str = ""
-    """``torch.compile``'s regions (``compiled.SCOPES``: ``blocks``, ``model``); '' eager."""
+    """``torch.compile``'s regions (``recipe.CompileScope``: ``blocks``, ``model``); '' eager."""
 
     @property
     def tokens(self) -> int:
