@@ -36,7 +36,14 @@ from ..units import dtype_bytes
 from .layout import Stage
 from ..facts import Dtypes
 
-__all__ = ["optimizer_step_items"]
+__all__ = ["optimizer_step_items", "FOREACH_DENOM_COPY"]
+
+FOREACH_DENOM_COPY = ("adam", "adamw")
+"""Optimizers whose torch < 2.1 foreach step made a second state-sized list: ``denom =
+torch._foreach_add(exp_avg_sq_sqrt, eps)`` next to ``exp_avg_sq_sqrt`` (torch 2.0
+``torch/optim/adam.py`` / ``adamw.py`` ``_multi_tensor_adam(w)``; "Foreach optimizers use higher
+memory due to intermediates", pytorch/pytorch#97712; minimised to one intermediate by #104780
+(Adam) and #104898 (AdamW), July 2023, first released in torch 2.1)."""
 
 def optimizer_step_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]:
     trainable = [h for h in stage.held if h.trainable]
@@ -56,18 +63,27 @@ def optimizer_step_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]
         pass  # DeepSpeed FusedAdam / cpu_adam, Megatron TE FusedAdam: no temporaries
     elif impl == "fused":
         pass  # torch's fused AdamW/Adam (_fused_adamw_ kernels) updates in place
-    elif impl == "foreach" and facts.foreach_copy and recipe.optimizer.in_backward:
+    elif impl.startswith("foreach") and facts.foreach_copy and recipe.optimizer.in_backward:
         big = max(h.numel for h in trainable)
         out.append(Item(category=Category.TEMPORARY, name="foreach Adam sqrt(exp_avg_sq) copy "
                         "(one parameter)", bytes=int(big * sb),
                         formula="optimizer in backward: one optimizer per parameter, so the "
                         "foreach copy covers one tensor (the largest)"))
-    elif impl == "foreach" and facts.foreach_copy:
-        n = sum(h.numel for h in trainable) // shard
+    elif impl.startswith("foreach") and facts.foreach_copy:
+        # one list entry per state tensor, in its own dtype (torch allocates states like the
+        # parameter: fp32 adapters beside bf16 modules_to_save give an fp32 and a bf16 group)
+        adapter_sb = dtype_bytes("fp32" if dt.state == "fp32" else recipe.method.adapter_dtype)
+        n = sum(h.numel * (adapter_sb if h.adapter else sb) for h in trainable) // shard
         out.append(Item(category=Category.TEMPORARY, name="foreach Adam sqrt(exp_avg_sq) copy",
-                        bytes=int(n * sb),
+                        bytes=int(n),
                         formula="one state-sized copy of every trainable tensor "
                         "(torch/optim/adam.py _multi_tensor_adam: torch._foreach_sqrt)"))
+        if impl == "foreach-torch2.0" and opt in FOREACH_DENOM_COPY:
+            out.append(Item(category=Category.TEMPORARY, name="foreach Adam denom copy (torch < "
+                            "2.1)", bytes=int(n),
+                            formula="denom = torch._foreach_add(exp_avg_sq_sqrt, eps), live "
+                            "beside exp_avg_sq_sqrt until _foreach_addcdiv_ (torch 2.0 "
+                            "_multi_tensor_adam(w); pytorch#97712, gone in 2.1: #104898)"))
     elif facts.step_temporaries and recipe.optimizer.in_backward:
         k = facts.step_temporaries
         # the embedding's gradient completes last (its op is the backward's last): its step

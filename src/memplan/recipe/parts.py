@@ -90,6 +90,7 @@ class Quant(StrEnum):
 class OptimizerImpl(StrEnum):
     AUTO = "auto"
     FOREACH = "foreach"
+    FOREACH_TORCH20 = "foreach-torch2.0"
     FOR_LOOP = "for-loop"
     FUSED = "fused"
 
@@ -130,6 +131,7 @@ class LossKind(StrEnum):
 class LogitsUpcast(StrEnum):
     LOSS = "loss"
     MODEL = "model"
+    NONE = "none"
 
 
 class OffloadKind(StrEnum):
@@ -185,7 +187,10 @@ class Optimizer:
     """How a torch optimizer steps (``foreach=`` / ``fused=`` of torch.optim): ``auto``
     (torch's default for the device: foreach on CUDA, the for-loop on CPU; DeepSpeed and
     Megatron step their own fused Adam), ``foreach`` (one state-sized temporary of every
-    tensor at once), ``for-loop`` (temporaries of one tensor at a time), ``fused`` (none)."""
+    tensor at once), ``foreach-torch2.0`` (torch < 2.1's foreach Adam/AdamW: two at once,
+    ``exp_avg_sq_sqrt`` and ``denom = torch._foreach_add(exp_avg_sq_sqrt, eps)``; pytorch#97712,
+    removed by #104780 / #104898 in 2.1), ``for-loop`` (temporaries of one tensor at a time),
+    ``fused`` (none)."""
     in_backward: bool = field(default=False, metadata=_key("optimizer_in_backward"))
     """Step each parameter as soon as its gradient is accumulated and free that gradient
     (torchtune ``optimizer_in_bwd``: one optimizer per parameter, stepped and zeroed in a
@@ -350,7 +355,10 @@ class Loss:
     ``ForCausalLMLoss``, torchtitan's ``cross_entropy_loss``); ``model``: the model returns fp32
     logits (torchtune 0.6 ``TransformerDecoder.unembed``: ``self.output(h).float()``), so the
     16-bit logits die at once and, under ``compile``, the upcast runs outside the compiled
-    loss (its fp32 output is written and saved)."""
+    loss (its fp32 output is written and saved); ``none``: the loss runs in the logits' own
+    dtype and only autocast upcasts (Qwen-1's remote ``QWenLMHeadModel.forward`` calls
+    ``CrossEntropyLoss()`` on the 16-bit ``lm_logits``; without autocast, as under DeepSpeed,
+    ``log_softmax`` saves a 16-bit output)."""
 
     def __post_init__(self) -> None:
         check_part(self)

@@ -65,6 +65,8 @@ def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
                adapter=int(dtype_bytes(recipe.method.adapter_dtype)),
                train_act=int(pbytes), loss=recipe.loss.kind,
                upcast_in_model=recipe.loss.logits_upcast == "model",
+               upcast_in_loss=recipe.loss.logits_upcast != "none",
+               gptq=m.kind == "qlora" and m.quant == "gptq-int4",
                sp=par.tp if par.sequence_parallel else 1, etp=par.expert_tp,
                capacity=float(par.moe_capacity_factor),
                compile=str(recipe.platform.compile_scope) if recipe.platform.compile else "")

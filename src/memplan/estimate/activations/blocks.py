@@ -11,7 +11,7 @@ copy that the matmul saves; weights are cast once per forward and cached until a
 
 from __future__ import annotations
 
-from . import peft_ops
+from . import peft_ops, quant_ops
 from .context import Ctx
 from .graph import Graph, Tensor
 
@@ -97,7 +97,8 @@ class Blocks:
                role: tuple[str, ...] = (), always_recompute: bool = False) -> Tensor:
         """``F.linear``: ``mm`` saves its input when the weight is trained, the (cast) weight when
         the input needs a gradient; the bias gradient is a sum (n_out elements). A frozen linear
-        whose ``role`` is an adapter target gets PEFT's adapter path (``peft_ops.adapt``); an
+        whose ``role`` is an adapter target gets PEFT's adapter path (``peft_ops.adapt``); a GPTQ
+        base's block linears dequantise their weight first (``quant_ops.gptq_weight``); an
         ``mm`` to a per-op policy (``addmm`` with a bias; ``always_recompute``: never saved)."""
         c = self.c
         trained = c.trained if trained is None else trained
@@ -107,6 +108,8 @@ class Blocks:
             x, adapted = peft_ops.ia3_input(self, x), False
         xin = self.cast(x, c.half) if c.amp else x
         w, pg = self._weight(n_in * n_out, trained)
+        if c.gptq and not trained and role and "lm_head" not in role:
+            w = quant_ops.gptq_weight(self, n_in * n_out)  # auto-gptq's torch dequantisation
         if bias and trained:
             pg = pg + ((n_out * c.act, 0),)
         if bias and c.bias_trained and not trained:  # BitFit: the bias gradient is a sum
@@ -348,7 +351,8 @@ class Blocks:
         # +19 % with an fp32 loss, issue #17's out-of-sample matrix).
         if shift_copy:
             logits = self.copy(logits, 1.0)
-        lf = self.cast(logits, 4) if shift or c.amp else logits
+        # Qwen-1's loss (logits_upcast = "none") has no .float(): fp32 only under autocast
+        lf = self.cast(logits, 4) if (shift and c.upcast_in_loss) or c.amp else logits
         if shift:
             labels = self.new(t, 8, grad=False)
             self.g.op([], (labels,), [labels])

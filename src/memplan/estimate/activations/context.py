@@ -33,6 +33,9 @@ class Ctx:
     """Cross-entropy implementation (``Recipe.loss``)."""
     upcast_in_model: bool = False
     """The model returns fp32 logits (``Loss.logits_upcast = "model"``)."""
+    upcast_in_loss: bool = True
+    """The loss casts the logits to fp32 (``ForCausalLMLoss``: ``logits.float()``); False with
+    ``Loss.logits_upcast = "none"``: only autocast upcasts (``log_softmax`` is an fp32 op)."""
     capacity: float = 0.0
     """MoE capacity factor (``Recipe.moe_capacity_factor``; 0 dropless)."""
     sp: int = 1
@@ -66,6 +69,9 @@ class Ctx:
     """The token embedding trains under a frozen-base method (PEFT ``modules_to_save``)."""
     head_trained: bool = False
     """The output layer trains under a frozen-base method (PEFT ``modules_to_save``)."""
+    gptq: bool = False
+    """The frozen block linears are auto-gptq ``QuantLinear``s (``Method.quant = gptq-int4``):
+    each dequantises its weight to fp16 before the matmul (``quant_ops.py``)."""
     compile: str = ""
     """``torch.compile``'s regions (``recipe.CompileScope``: ``blocks``, ``model``); '' eager."""
 
