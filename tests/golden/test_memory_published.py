@@ -702,10 +702,10 @@ _LITGPT_QLORA = (
 _QWEN_LOW = (
     "Qwen-1 LoRA on a chat checkpoint (no DeepSpeed: the Trainer's autocast, torch 2.0 foreach "
     "AdamW, both modelled): the sweep's growth with seq_len matches (1.8B +15.10 vs +14.98 "
-    "GiB from 256 to 8192; 7B +16.50 vs +16.31) but a fixed 1.4 GiB (1.8B), 1.8 GiB (7B), "
-    "2.4 GiB (14B) stays above the band's nvidia-smi end, growing with the frozen weights "
-    "(about 1.2 GiB + 4.6% of them). The peak is in the backward, so the optimizer's torch 2.0 "
-    "temporaries do not reach it. Not attributed: the counter is not named; the CUDA context "
+    "GiB from 256 to 8192) but a fixed 1.4 GiB stays above the band's nvidia-smi end (7B and "
+    "14B: 1.2 GiB at 256 tokens, where torch 2.0's optimizer step is their peak). The 1.8B "
+    "peak is in the backward, so the optimizer's torch 2.0 lists do not reach it. Not "
+    "attributed: the counter is not named; the CUDA context "
     "of CUDA 11.8 with flash-attn 2 loaded and the allocator's reserve are the candidates "
     "left, and neither can be measured without the run.")
 _QWEN_DS = (
