@@ -153,3 +153,20 @@ def test_measure_refuses_the_torch20_foreach_path() -> None:
     p = torch.nn.Parameter(torch.zeros(2))
     with pytest.raises(TraceError, match="optimizer_impl=foreach"):
         _optimizer(torch, "adamw", [p], "foreach-torch2.0")
+
+
+def test_foreach_lists_in_the_adapters_dtype_measured_on_cpu() -> None:
+    """A real CPU run (memplan's measure, torch's foreach AdamW on a tiny llama, bf16 base, fp32
+    LoRA r=64 adapters, 4 tokens so the step is the peak): the foreach list of fp32 adapters is
+    fp32: sized in the bf16 state dtype the estimate was 8.25 % low (5.56 vs 6.06 MiB
+    measured, ``memplan validate`` on torch 2.13); sized per state dtype it is within 0.1 %."""
+    from memplan.hardware import cpu_device
+    from memplan.units import GIB
+    from memplan.validate import Case, _tiny, run_case
+
+    r = Recipe.of(method="lora", lora_rank=64, precision="bf16-true", optimizer_impl="foreach",
+                  micro_batch=1, seq_len=4, device="cpu")
+    res = run_case(Case(name="foreach lists", model=_tiny("llama"), recipe=r, quick=False),
+                   cpu_device(16 * GIB))
+    assert not res.error, res.error
+    assert abs(res.error_pct("estimate")) <= 0.1
