@@ -41,6 +41,15 @@ class RowResult:
         return self.predicted / self.published - 1
 
 
+def _extra(text: str) -> dict[str, int | bool]:
+    """Further recipe keys of a row, ``key=value;key=value`` (the ``extra`` column: settings a
+    publication states that the fixed columns do not hold, e.g. ``pp_virtual``); values are
+    integers or ``true`` / ``false``."""
+    pairs = (item.split("=", 1) for item in text.split(";") if item.strip())
+    return {k.strip(): (v.strip() == "true") if v.strip() in ("true", "false") else int(v)
+            for k, v in pairs}
+
+
 def _predict(row: dict[str, str]) -> float:
     from ..estimate import estimate
     from ..hardware import get_device
@@ -54,7 +63,7 @@ def _predict(row: dict[str, str]) -> float:
     flags = {k: row[k] == "true" for k in ("compile", "overlap_comm") if row.get(k)}
     r = Recipe.of(gpus_per_node=8, checkpointing=row["checkpointing"], attention=row["attention"],
                   precision=row["precision"], engine=row.get("engine") or "auto", **flags,
-                  **{k: int(row[k]) for k in ints})
+                  **{k: int(row[k]) for k in ints}, **_extra(row.get("extra") or ""))
     d = get_device(row["gpu"])
     if row["hbm_gb_per_s"]:
         d = replace(d, hbm_gb_per_s=float(row["hbm_gb_per_s"]))
