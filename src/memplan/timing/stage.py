@@ -54,7 +54,10 @@ class Rates:
     attention_peak: float
     """16-bit FLOP/s the attention kernels' efficiencies refer to."""
     matmul_efficiency: float
-    """Largest fraction of ``linear_peak`` a GEMM reaches."""
+    """Fraction of ``linear_peak`` a large GEMM reaches (the measured 8192-cube figure)."""
+    gemm_sms: int | None
+    """SMs for each GEMM shape's tile and wave quantisation (``gemm.py``); None where the
+    efficiency was calibrated or set by the user (it already holds the real shapes)."""
     attention_override: tuple[float, float] | None
     """Measured attention (forward, backward) efficiency, or None."""
     hbm: float
@@ -181,7 +184,8 @@ def stage_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardwar
                         linear_peak=rates.linear_peak, attention_peak=rates.attention_peak,
                         matmul_efficiency=rates.matmul_efficiency, hbm_bytes_per_s=rates.hbm,
                         bytes_per_element=rates.bytes_per_element,
-                        attention_override=rates.attention_override)
+                        attention_override=rates.attention_override,
+                        gemm_sms=rates.gemm_sms)
     part = load.trainable
     if par.zero >= 1:   # the optimizer partition: dense over DP, experts over expert-DP
         part = ((load.trainable - load.expert_trainable) / par.shard_degree

@@ -1,0 +1,63 @@
+"""GEMM efficiency by GPU and shape: the measured large-GEMM fraction of peak for the GPU's
+architecture, scaled by the shape's tile and wave quantisation relative to the measured shape.
+
+NVIDIA, "Matrix Multiplication Background User's Guide" (DU-09799-001_v001, Feb 2023):
+
+- **Tile quantisation** (§3.1): cuBLAS cuts the ``M x N`` output into ``tm x tn`` thread-block
+  tiles; an edge tile that is only partly inside the matrix costs a whole tile, so the useful
+  share is ``M N / (ceil(M/tm) ceil(N/tn) tm tn)``.
+- **Wave quantisation** (§3.2): each SM runs one tile at a time, so ``T`` tiles run in
+  ``ceil(T / SMs)`` waves and the last one is partly idle: share ``T / (ceil(T / SMs) SMs)``.
+  The guide's example: 256 x 128 tiles on an A100's 108 SMs.
+
+``gemm_efficiency = base x q(M, N) / q(ref, ref)``: ``base`` is the measured fraction of the
+dense peak of an 8192-cube GEMM on the GPU's architecture (``rates.toml``
+``matmul_efficiency_<arch>``, else the H100 ``matmul_efficiency``) and ``q`` the product of both
+shares for the better of the 256 x 128 and 128 x 256 tiles, so the measured shape gets exactly
+the measured figure. GPUs without an SM count in the catalog get ``base``.
+
+**Known limitations**: one tile shape (cuBLAS's heuristics may pick smaller tiles or split-K
+for small GEMMs, and Hopper kernels may use stream-K scheduling, both of which soften the
+quantisation: the loss is an upper bound there); the backward GEMMs are timed at their forward
+GEMM's shape (``kernels.py`` charges backward as 2x forward); the K dimension is not quantised.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..facts.constants import constant, constants
+from ..hardware import Device
+
+__all__ = ["base_matmul_efficiency", "gemm_efficiency", "quantization"]
+
+
+def base_matmul_efficiency(device: Device) -> float:
+    """The measured large-GEMM fraction of peak for ``device``'s architecture
+    (``matmul_efficiency_<arch>``), else the H100 measurement (``matmul_efficiency``)."""
+    rows = constants()
+    key = f"matmul_efficiency_{device.arch}"
+    return rows[key].value if key in rows else constant("matmul_efficiency")
+
+
+def quantization(m: float, n: float, sms: int) -> float:
+    """Useful share of the tile grid for an ``m x n`` GEMM output on ``sms`` SMs: tile share x
+    wave share (module docstring), for the better orientation of the catalog tile."""
+    a, b = int(constant("gemm_tile_rows")), int(constant("gemm_tile_cols"))
+    best = 0.0
+    for tm, tn in ((a, b), (b, a)):
+        rows, cols = math.ceil(m / tm), math.ceil(n / tn)
+        tiles = rows * cols
+        tile_share = m * n / (tiles * tm * tn)
+        wave_share = tiles / (math.ceil(tiles / sms) * sms)
+        best = max(best, tile_share * wave_share)
+    return best
+
+
+def gemm_efficiency(base: float, m: float, n: float, sms: int | None) -> float:
+    """``base`` scaled by the ``m x n`` output's quantisation relative to the measured square
+    GEMM's (``matmul_reference_size``); ``base`` itself when the SM count is unknown."""
+    if not sms:
+        return base
+    ref = constant("matmul_reference_size")
+    return base * quantization(m, n, sms) / quantization(ref, ref, sms)
