@@ -13,12 +13,14 @@ NVIDIA, "Matrix Multiplication Background User's Guide" (DU-09799-001_v001, Feb 
 ``gemm_efficiency = base x q(M, N) / q(ref, ref)``: ``base`` is the measured fraction of the
 dense peak of an 8192-cube GEMM on the GPU's architecture (``rates.toml``
 ``matmul_efficiency_<arch>``, else the H100 ``matmul_efficiency``) and ``q`` the product of both
-shares for the better of the 256 x 128 and 128 x 256 tiles, so the measured shape gets exactly
-the measured figure. GPUs without an SM count in the catalog get ``base``.
+shares for the best of the guide's cuBLAS tiles (``TILES``, §2.3: 256 x 128 and 128 x 256 down
+to 64 x 64; cuBLAS's heuristics pick the tile per shape), so the measured shape gets exactly the
+measured figure. GPUs without an SM count in the catalog get ``base``.
 
-**Known limitations**: one tile shape (cuBLAS's heuristics may pick smaller tiles or split-K
-for small GEMMs, and Hopper kernels may use stream-K scheduling, both of which soften the
-quantisation: the loss is an upper bound there); the backward GEMMs are timed at their forward
+**Known limitations**: every tile is taken at the large tile's per-tile efficiency (the guide
+ranks smaller tiles less efficient but gives no factor), so small GEMMs are optimistic; split-K
+and Hopper's stream-K scheduling (which soften wave quantisation further) are not modelled, so
+they are pessimistic there; the backward GEMMs are timed at their forward
 GEMM's shape (``kernels.py`` charges backward as 2x forward); the K dimension is not quantised.
 """
 
@@ -40,12 +42,16 @@ def base_matmul_efficiency(device: Device) -> float:
     return rows[key].value if key in rows else constant("matmul_efficiency")
 
 
+TILES = ((256, 128), (128, 256), (128, 128), (256, 64), (64, 256), (128, 64), (64, 128),
+         (64, 64))
+"""Thread-block tiles cuBLAS chooses among (the guide's §2.3 list, most to least efficient)."""
+
+
 def quantization(m: float, n: float, sms: int) -> float:
     """Useful share of the tile grid for an ``m x n`` GEMM output on ``sms`` SMs: tile share x
-    wave share (module docstring), for the better orientation of the catalog tile."""
-    a, b = int(constant("gemm_tile_rows")), int(constant("gemm_tile_cols"))
+    wave share (module docstring), for the best tile of ``TILES``."""
     best = 0.0
-    for tm, tn in ((a, b), (b, a)):
+    for tm, tn in TILES:
         rows, cols = math.ceil(m / tm), math.ceil(n / tn)
         tiles = rows * cols
         tile_share = m * n / (tiles * tm * tn)
@@ -56,8 +62,10 @@ def quantization(m: float, n: float, sms: int) -> float:
 
 def gemm_efficiency(base: float, m: float, n: float, sms: int | None) -> float:
     """``base`` scaled by the ``m x n`` output's quantisation relative to the measured square
-    GEMM's (``matmul_reference_size``); ``base`` itself when the SM count is unknown."""
+    GEMM's (``matmul_reference_size``); ``base`` itself when the SM count is unknown. Capped at
+    1: no GEMM runs above the peak (a user catalog's odd SM count could make the reference
+    shape quantise badly and the ratio large)."""
     if not sms:
         return base
     ref = constant("matmul_reference_size")
-    return base * quantization(m, n, sms) / quantization(ref, ref, sms)
+    return min(1.0, base * quantization(m, n, sms) / quantization(ref, ref, sms))
