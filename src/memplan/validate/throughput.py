@@ -1,7 +1,8 @@
 """Step-time model against published throughput rows (issue #19): per-row errors, median and
 p90 absolute error per source, and the error band every prediction carries.
 
-Rows live in ``tests/golden/data/throughput.csv`` (one published run each, with its citation);
+Rows live in ``tests/golden/data/throughput.csv`` (one published run each, with its citation;
+``throughput_heldout.csv`` holds another publisher's rows, reported apart);
 ``scripts/throughput_accuracy.py`` writes the band to ``timing/accuracy.toml`` and the table in
 the README from ``evaluate``. Nothing here is fitted: the rows only check the model.
 
