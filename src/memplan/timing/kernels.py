@@ -20,9 +20,11 @@ weight's shape per rank (o or i divided by tp; experts by etp), E routed experts
 GEMM efficiency: the architecture's measured large-GEMM fraction, scaled by the shape's tile and
 wave quantisation (``gemm.py``, NVIDIA's Matrix Multiplication Background guide).
 
-**Known limitations**: backward GEMMs are timed at the forward shape's quantisation; attention efficiency does not depend on sequence length or
-head dim (the papers' figures are for head dim 128, long sequences); GPUs without a published
-attention benchmark (Blackwell, Ada, AMD) use ``matmul_efficiency`` for attention, noted.
+**Known limitations**: backward GEMMs are timed at the forward shape's quantisation; attention
+efficiency does not depend on sequence length or head dim (the papers' figures are for head dim
+128, long sequences) nor on the kernel an engine picks (Transformer Engine's cuDNN attention on
+Hopper is timed as FlashAttention-2); GPUs without a published attention benchmark (Blackwell,
+Ada, AMD) use ``matmul_efficiency`` for attention, noted.
 """
 
 from __future__ import annotations
