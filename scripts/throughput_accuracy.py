@@ -42,3 +42,8 @@ print()
 print("Held out (tests/golden/data/throughput_heldout.csv, not in the band):")
 print()
 table(heldout)
+dense = summary([r for r in heldout if not r.source_group.endswith("-moe")])["all"]
+print()
+print(f"Held-out dense rows (MoE groups left out): {dense['rows']}, median "
+      f"{dense['median_abs']:.0%}, p90 {dense['p90_abs']:.0%}, mean signed "
+      f"{dense['mean_signed']:+.0%}.")

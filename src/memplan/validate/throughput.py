@@ -42,13 +42,17 @@ class RowResult:
         return self.predicted / self.published - 1
 
 
-def _extra(text: str) -> dict[str, int | bool]:
+def _extra(text: str) -> dict[str, int | bool | str]:
     """Further recipe keys of a row, ``key=value;key=value`` (the ``extra`` column: settings a
     publication states that the fixed columns do not hold, e.g. ``pp_virtual``); values are
-    integers or ``true`` / ``false``."""
+    integers, ``true`` / ``false`` or words (``method=lora``)."""
+    def value(v: str) -> int | bool | str:
+        v = v.strip()
+        if v in ("true", "false"):
+            return v == "true"
+        return int(v) if v.isdigit() else v
     pairs = (item.split("=", 1) for item in text.split(";") if item.strip())
-    return {k.strip(): (v.strip() == "true") if v.strip() in ("true", "false") else int(v)
-            for k, v in pairs}
+    return {k.strip(): value(v) for k, v in pairs}
 
 
 def _predict(row: dict[str, str]) -> float:
