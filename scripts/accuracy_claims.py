@@ -89,9 +89,12 @@ def throughput_figures() -> dict[str, object]:
     from memplan.validate.throughput import evaluate, summary  # noqa: PLC0415
 
     rows = evaluate(ROOT / "tests" / "golden" / "data" / "throughput.csv")
+    held = evaluate(ROOT / "tests" / "golden" / "data" / "throughput_heldout.csv")
     return {"summary": {g: {k: round(v, 4) for k, v in s.items()}
                         for g, s in summary(rows).items()},
-            "xfails": sum(1 for r in rows if r.xfail)}
+            "xfails": sum(1 for r in rows if r.xfail),
+            "heldout": {g: {k: round(v, 4) for k, v in s.items()}
+                        for g, s in summary(held).items() if g != "all"}}
 
 
 OOS_JSONL = ROOT / "validation" / "out_of_sample.jsonl"
@@ -145,6 +148,9 @@ def render_throughput(f: dict) -> str:
     for g, s in t["summary"].items():
         lines.append(f"| {g} | {s['rows']:.0f} | {s['median_abs']:.0%} | {s['p90_abs']:.0%} | "
                      f"{s['mean_signed']:+.0%} |")
+    for g, s in t["heldout"].items():
+        lines.append(f"| held out: {g} | {s['rows']:.0f} | {s['median_abs']:.0%} | "
+                     f"{s['p90_abs']:.0%} | {s['mean_signed']:+.0%} |")
     return "\n".join(lines)
 
 

@@ -55,8 +55,10 @@ def test_bad_calibration_files():
 
 
 def test_calibrated_h100_rates_move_the_prediction(tmp_path):
-    """Rates at the sourced defaults reproduce the uncalibrated step; a slower GEMM rate slows
-    it (the file really is read)."""
+    """Rates at the sourced defaults reproduce the uncalibrated step within 2 % (the
+    uncalibrated GEMMs carry each shape's tile and wave quantisation, ``timing/gemm.py``; a
+    calibrated rate was measured on the real shapes and is applied as it is); a slower GEMM
+    rate slows it (the file really is read)."""
     from memplan import Recipe
     from memplan.api import Machine, estimate_from_names
 
@@ -73,5 +75,7 @@ def test_calibrated_h100_rates_move_the_prediction(tmp_path):
                                  calibration=load_calibration(same)).time
     t_slow = estimate_from_names("meta-llama/Llama-3.1-8B", recipe, machine,
                                  calibration=load_calibration(slow)).time
-    assert t_same.step_seconds == pytest.approx(base.step_seconds, rel=1e-3)
-    assert t_slow.step_seconds > 1.3 * base.step_seconds
+    assert t_same.step_seconds == pytest.approx(base.step_seconds, rel=0.02)
+    assert t_same.step_seconds != base.step_seconds
+    # GEMMs are about half of this step: 0.81 / 0.5 = 1.62x on them is well over 1.2x on it
+    assert t_slow.step_seconds > 1.2 * t_same.step_seconds

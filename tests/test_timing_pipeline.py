@@ -4,6 +4,8 @@ and expert GEMMs / all-to-all follow the expert TP size ``etp``, not ``tp``."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from memplan import Recipe, get_device, load_model
@@ -101,10 +103,13 @@ def test_expert_gemms_split_by_etp_not_tp():
     assert f1 == pytest.approx(f4)
 
 
-def test_etp_changes_expert_time_and_comm():
+def test_etp_changes_expert_time_and_comm(monkeypatch):
     """At a short sequence the expert GEMMs are weight-bandwidth bound: etp = 1 reads tp times
     the expert weights per rank, so compute is slower; etp = tp adds the expert-TP all-gather
-    and reduce-scatter around the all-to-all, so EP traffic grows."""
+    and reduce-scatter around the all-to-all, so EP traffic grows. (Without the SM count: the
+    tile/wave quantisation of these small GEMMs, ``timing/gemm.py``, is a separate effect with
+    its own tests; with it the compute ratio is 1.13 instead.)"""
+    monkeypatch.setitem(globals(), "H100", replace(H100, sm_count=None))
     kw = dict(gpus=8, tp=4, ep=2, seq_len=512, micro_batch=1, sequence_parallel=True)
     one = _time("Qwen/Qwen3-30B-A3B", etp=1, **kw)
     four = _time("Qwen/Qwen3-30B-A3B", etp=4, **kw)

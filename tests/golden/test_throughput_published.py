@@ -1,17 +1,23 @@
 """Step-time model against published training throughput (issues #5, #19).
 
 Rows: ``data/throughput.csv``, one published run each with its citation (torchtitan's
-performance tables, the Llama 3 paper's Table 4). Tolerance: predicted tokens/s per GPU (or
-model TFLOP/s per GPU) within +-35 % of the published figure, fixed before the efficiency model
-of ``timing/kernels.py`` was written. GEMMs are per-shape rooflines capped at 0.81 of peak (an
-H100 GEMM measurement), attention runs at the FlashAttention papers' fraction of peak,
+performance tables, the Llama 3 paper's Table 4). Held out: ``data/throughput_heldout.csv``
+(NVIDIA's DGX-H100 tables), added after the model's constants were set, checked
+at the same tolerance and kept out of the band. Settings a publication states beyond the fixed
+columns go in the ``extra`` column (``key=value;...`` recipe keys, e.g. the Llama 3 paper's
+interleaved pipeline, ``pp_virtual = 8``). Tolerance: predicted tokens/s per GPU (or model
+TFLOP/s per GPU) within +-35 % of the published figure, fixed before the efficiency model of
+``timing/kernels.py`` was written. GEMMs are per-shape rooflines at the architecture's measured
+8192-cube efficiency (A100 0.827, H100 0.81) scaled by tile and wave quantisation
+(``timing/gemm.py``), attention runs at the FlashAttention papers' fraction of peak,
 memory-bound kernels move the op graph's bytes (eager or fused, by the row's engine and
-compile columns), kernel launches and the engine's DP overlap rule are charged; fp8 linears
-run at torchao's measured Float8Linear speedup over bf16 (1.39x), and torchtitan's "selective
-op" AC is ``checkpointing = op``; kernels beside overlapped collectives run 18.9 % slower (Lee
-et al. 2025) and each pipeline stage is timed with its own layers. There is no power-cap clock
-model, so the model over-predicts where that matters; the Llama 3 rows run 1F1B because the
-paper does not state its interleaving depth. Nothing here was fitted to these rows.
+compile columns; PyTorch ring attention's fp32 merges under torchtitan CP), kernel launches and
+the engine's DP overlap rule are charged; fp8 linears run at torchao's measured Float8Linear
+speedup over bf16 (1.39x), and torchtitan's "selective op" AC is ``checkpointing = op``;
+kernels beside overlapped collectives run 18.9 % slower (Lee et al. 2025) and each pipeline
+stage is timed with its own layers. There is no power-cap clock model (no published BF16
+figure at 500 W), so the model over-predicts the torchtitan H100 rows. Nothing here was fitted
+to these rows.
 
 A row with an ``xfail`` diagnosis is a strict xfail: it must keep missing until the cause it
 names is modelled. The band every prediction prints (``timing/accuracy.toml``) must be the one
@@ -29,10 +35,13 @@ from memplan.results.time import validation_band
 from memplan.validate.throughput import band, evaluate
 
 DATA = Path(__file__).parent / "data" / "throughput.csv"
+HELDOUT = Path(__file__).parent / "data" / "throughput_heldout.csv"
 TOL = 0.35
 
 with open(DATA, newline="") as _f:
     ROWS = list(csv.DictReader(_f))
+with open(HELDOUT, newline="") as _f:
+    HELDOUT_ROWS = list(csv.DictReader(_f))
 
 
 def _param(row: dict[str, str]):
@@ -49,6 +58,25 @@ def results():
 def test_published_throughput_row(results, row_id):
     r = results[row_id]
     assert r.predicted == pytest.approx(r.published, rel=TOL), f"{r.error:+.0%}"
+
+
+@pytest.fixture(scope="module")
+def heldout():
+    return {r.id: r for r in evaluate(HELDOUT)}
+
+
+@pytest.mark.parametrize("row_id", [_param(r) for r in HELDOUT_ROWS])
+def test_heldout_throughput_row(heldout, row_id):
+    """Another publisher's runs (NVIDIA's DGX-H100 tables: Megatron-Bridge 25.11, NeMo 24.07),
+    added after the model's constants were set and kept out of the band: the same +-35 %
+    tolerance, reported apart in the README."""
+    r = heldout[row_id]
+    assert r.predicted == pytest.approx(r.published, rel=TOL), f"{r.error:+.0%}"
+
+
+def test_heldout_rows_are_another_source():
+    """Held-out rows share no publication with the rows the model was developed on."""
+    assert {r["source_ref"] for r in HELDOUT_ROWS}.isdisjoint(r["source_ref"] for r in ROWS)
 
 
 def test_band_file_matches_the_rows(results):

@@ -41,6 +41,8 @@ class Device:
     interconnect_gb_per_s: float | None = None
     pcie_gen: int | None = None
     compute_capability: str = ""
+    sm_count: int | None = None
+    """Streaming multiprocessors (the GEMM's wave size, ``timing/gemm.py``); None = unknown."""
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
@@ -85,6 +87,7 @@ _DEVICE_KEYS = {
     "memory_total_mib": int, "memory_torch_mib": int, "memory_total_source": str,
     "hbm_gb_per_s": (int, float), "interconnect": str, "interconnect_gb_per_s": (int, float),
     "pcie_gen": int, "pcie_lanes": int, "tdp_w": (int, float), "compute_capability": (str, float),
+    "sm_count": int,
     "aliases": list, "source": str, "notes": str,
 }
 """Every key a ``[[device]]`` row may have, with its TOML type; ``tflops_<dtype>`` keys are
@@ -134,7 +137,7 @@ def _row(d: dict[str, Any]) -> Device:
         hbm_gb_per_s=d.get("hbm_gb_per_s"),
         tflops=tflops, interconnect=d.get("interconnect", ""),
         interconnect_gb_per_s=d.get("interconnect_gb_per_s"), pcie_gen=d.get("pcie_gen"),
-        compute_capability=str(d.get("compute_capability", "")),
+        compute_capability=str(d.get("compute_capability", "")), sm_count=d.get("sm_count"),
         aliases=tuple(d.get("aliases", ())), source=d.get("source", ""), notes=d.get("notes", ""),
     )
 

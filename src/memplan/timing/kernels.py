@@ -17,10 +17,14 @@ weight's shape per rank (o or i divided by tp; experts by etp), E routed experts
   ``eager`` runs batched GEMMs at ``matmul_efficiency`` (its score traffic is HBM time in
   ``step.py``).
 
-**Known limitations**: no wave quantisation or tile-size effects (a GEMM a little larger than a
-wave of tiles is charged linearly); attention efficiency does not depend on sequence length or
-head dim (the papers' figures are for head dim 128, long sequences); GPUs without a published
-attention benchmark (Blackwell, Ada, AMD) use ``matmul_efficiency`` for attention, noted.
+GEMM efficiency: the architecture's measured large-GEMM fraction, scaled by the shape's tile and
+wave quantisation (``gemm.py``, NVIDIA's Matrix Multiplication Background guide).
+
+**Known limitations**: backward GEMMs are timed at the forward shape's quantisation; attention
+efficiency does not depend on sequence length or head dim (the papers' figures are for head dim
+128, long sequences) nor on the kernel an engine picks (Transformer Engine's cuDNN attention on
+Hopper is timed as FlashAttention-2); GPUs without a published attention benchmark (Blackwell,
+Ada, AMD) use ``matmul_efficiency`` for attention, noted.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from ..model.spec import Component, Layer, ModelSpec, Split
 from ..recipe import Recipe
 from ..recipe.parallelism import Parallelism
 from .flops import _causal_share, attention_core_flops
+from .gemm import gemm_efficiency
 from .recompute import attention_recomputed, recompute_matmul_share
 
 __all__ = ["KernelTime", "attention_efficiency", "gemm_seconds", "kernel_seconds"]
@@ -53,10 +58,14 @@ class KernelTime:
 
 
 def gemm_seconds(m: float, k: float, n: float, *, peak_flops: float, matmul_efficiency: float,
-                 hbm_bytes_per_s: float, bytes_per_element: float) -> float:
+                 hbm_bytes_per_s: float, bytes_per_element: float,
+                 sm_count: int | None = None) -> float:
     """Roofline time of an ``(m x k) @ (k x n)`` GEMM: the larger of its FLOPs at
-    ``peak x efficiency`` and its operand + output bytes at the usable HBM bandwidth."""
-    flops_s = 2.0 * m * k * n / (peak_flops * matmul_efficiency)
+    ``peak x efficiency`` and its operand + output bytes at the usable HBM bandwidth. With
+    ``sm_count``, the efficiency is scaled by the ``m x n`` output's tile and wave quantisation
+    relative to the measured shape's (``gemm.gemm_efficiency``)."""
+    eff = gemm_efficiency(matmul_efficiency, m, n, sm_count)
+    flops_s = 2.0 * m * k * n / (peak_flops * eff)
     if not hbm_bytes_per_s:
         return flops_s
     bytes_s = (m * k + k * n + m * n) * bytes_per_element / hbm_bytes_per_s
@@ -119,18 +128,21 @@ def _split_gemm(gemm, m: float, i: float, o: float, split: Split, n: int) -> flo
 def kernel_seconds(model: ModelSpec, recipe: Recipe, device: Device, *, layers: range,
                    head: bool, linear_peak: float, attention_peak: float,
                    matmul_efficiency: float, hbm_bytes_per_s: float, bytes_per_element: float,
-                   attention_override: tuple[float, float] | None = None) -> KernelTime:
+                   attention_override: tuple[float, float] | None = None,
+                   gemm_sms: int | None = None) -> KernelTime:
     """GEMM and attention time of one micro-batch (forward, backward, recompute) on one rank of
     the pipeline stage holding ``layers`` (and the output head when ``head``: the last stage).
     ``attention_override`` = measured (forward, backward) fractions of ``attention_peak``
-    (``memplan calibrate``)."""
+    (``memplan calibrate``); ``gemm_sms``: SMs for the shape's quantisation (None: the
+    efficiency applies to every shape as given)."""
     par = recipe.parallelism
     tp, cp = par.tp, par.cp
     tokens = recipe.batch.micro_batch * recipe.batch.seq_len / cp
 
     def gemm(m: float, k: float, n: float) -> float:
         return gemm_seconds(m, k, n, peak_flops=linear_peak, matmul_efficiency=matmul_efficiency,
-                            hbm_bytes_per_s=hbm_bytes_per_s, bytes_per_element=bytes_per_element)
+                            hbm_bytes_per_s=hbm_bytes_per_s, bytes_per_element=bytes_per_element,
+                            sm_count=gemm_sms)
 
     eff_f, eff_b, note = attention_efficiency(device, recipe.platform.attention, matmul_efficiency)
     if attention_override is not None:

@@ -16,7 +16,9 @@ Per stage and step (``m`` micro-batches; the stage's layers only, its own parame
   backward (+ the recomputed forward as for TP). The EP group's stride is ``etp`` (expert rank
   order ``tp-ep-dp-pp`` with the expert TP innermost, ``parallel_state.initialize_model_parallel``);
 - **PP**: one ``b s h`` send and receive per micro-batch each way;
-- **DP** (``overlap.py``), **CP**, offload, NVMe, CPU optimizer and data: as in ``step.py``'s
+- **CP** (PyTorch ring attention, ``ring.py``): the fp32 merges of the per-block outputs and
+  gradients are memory-bound bytes on top of the op graph's;
+- **DP** (``overlap.py``), **CP** collectives, offload, NVMe, CPU optimizer and data: as in ``step.py``'s
   docstring, over the stage's own trainable elements;
 - **contention**: kernels that run beside an overlapped DP or CP collective run 18.9 % slower
   (``StageTime.contention``; Lee et al. 2025, arXiv 2507.03114).
@@ -41,6 +43,7 @@ from .kernels import kernel_seconds
 from .overlap import DpOverlap, dp_overlap
 from .pipeline import StageLoad
 from .recompute import layer_checkpointed
+from .ring import RING_ENGINES, ring_merge_bytes
 
 __all__ = ["Rates", "StageTime", "stage_time"]
 
@@ -54,7 +57,10 @@ class Rates:
     attention_peak: float
     """16-bit FLOP/s the attention kernels' efficiencies refer to."""
     matmul_efficiency: float
-    """Largest fraction of ``linear_peak`` a GEMM reaches."""
+    """Fraction of ``linear_peak`` a large GEMM reaches (the measured 8192-cube figure)."""
+    gemm_sms: int | None
+    """SMs for each GEMM shape's tile and wave quantisation (``gemm.py``); None where the
+    efficiency was calibrated or set by the user (it already holds the real shapes)."""
     attention_override: tuple[float, float] | None
     """Measured attention (forward, backward) efficiency, or None."""
     hbm: float
@@ -181,7 +187,8 @@ def stage_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardwar
                         linear_peak=rates.linear_peak, attention_peak=rates.attention_peak,
                         matmul_efficiency=rates.matmul_efficiency, hbm_bytes_per_s=rates.hbm,
                         bytes_per_element=rates.bytes_per_element,
-                        attention_override=rates.attention_override)
+                        attention_override=rates.attention_override,
+                        gemm_sms=rates.gemm_sms)
     part = load.trainable
     if par.zero >= 1:   # the optimizer partition: dense over DP, experts over expert-DP
         part = ((load.trainable - load.expert_trainable) / par.shard_degree
@@ -207,6 +214,9 @@ def stage_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardwar
     intra, inter = rates.intra, rates.inter
     act = tokens_seq / cp * model.hidden_size * rates.act_bytes
     again = _recomputed(recipe, load.layers, model.num_layers)
+    if cp > 1 and str(recipe.engine_kind) in RING_ENGINES:   # PyTorch ring attention's merges
+        ring_f, ring_b = ring_merge_bytes(model, tokens_seq / cp, tp, cp)
+        pipe_bytes += (ring_f * (n_layers + again) + ring_b * n_layers) * m
     links = {"tp": group_link(1, tp, local, intra, inter),
              "ep": group_link(etp, ep, local, intra, inter),
              "etp": group_link(1, etp, local, intra, inter),

@@ -55,6 +55,7 @@ from ..results.time import validation_band
 from .calibration import Calibration
 from .comms import Link
 from .flops import token_flops
+from .gemm import base_matmul_efficiency
 from .kernels import attention_efficiency
 from .pipeline import StageLoad, pipeline_step
 from .recompute import full_share
@@ -146,7 +147,8 @@ def _rates(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
     return Rates(linear_peak=linear_peak,
                  attention_peak=((device.tflops or {}).get(dt.compute) or peak / 1e12) * 1e12,
                  matmul_efficiency=cal_eff or setup.matmul_efficiency
-                 or constant("matmul_efficiency"),
+                 or base_matmul_efficiency(device),
+                 gemm_sms=None if (cal_eff or setup.matmul_efficiency) else device.sm_count,
                  attention_override=att_cal, hbm=hbm,
                  bytes_per_element=1.0 if key == "fp8" else dtype_bytes(dt.compute),
                  act_bytes=dtype_bytes(dt.compute), param_bytes=dtype_bytes(dt.param),
@@ -236,10 +238,11 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
                      f"{cal.torch_version}): GEMMs {cal.gemm_tflops:g} TFLOP/s")
     fused = rates.fused
     rule = st.dp.rule
+    quant = f" x tile/wave quantisation on {rates.gemm_sms} SMs" if rates.gemm_sms else ""
     details = {
         "compute": f"GEMMs {st.linear:.3g} s (rooflines at {eff:.0%} of "
                    f"{rates.linear_peak / 1e12:g} "
-                   f"TFLOP/s {key}), attention {st.attention:.3g} s (fwd/bwd at "
+                   f"TFLOP/s {key}{quant}), attention {st.attention:.3g} s (fwd/bwd at "
                    f"{att_f:.0%}/{att_b:.0%} of {rates.attention_peak / 1e12:g} TFLOP/s)",
         "hbm": f"memory-bound kernels ({'fused chains' if fused else 'op by op, eager'}: norms, "
                "rotary, activations, casts, softmax, cross-entropy; bytes from the op graph) "
@@ -270,8 +273,10 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     if unknown:
         notes.append("not timed (unknown): " + ", ".join(unknown) + "; give --node or --pcie")
     assumptions = (
-        f"GEMMs: roofline of each linear layer's shape, at most {eff:.0%} of the dense {key} "
-        "peak (H100 GEMM measurement, rates.toml); attention at the FlashAttention papers' "
+        f"GEMMs: roofline of each linear layer's shape at {eff:.0%} of the dense {key} peak "
+        "(an 8192-cube GEMM measured on the architecture, rates.toml)"
+        + (", scaled by the shape's tile and wave quantisation (NVIDIA's Matrix Multiplication "
+           "Background guide)" if rates.gemm_sms else "") + "; attention at the FlashAttention papers' "
         "fraction of the 16-bit peak (fp8 only on linear layers)",
         "compute and memory-bound kernels serial; memory-bound bytes "
         + ("of fused elementwise chains" if fused else "op by op (eager)")

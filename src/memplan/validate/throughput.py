@@ -1,7 +1,8 @@
 """Step-time model against published throughput rows (issue #19): per-row errors, median and
 p90 absolute error per source, and the error band every prediction carries.
 
-Rows live in ``tests/golden/data/throughput.csv`` (one published run each, with its citation);
+Rows live in ``tests/golden/data/throughput.csv`` (one published run each, with its citation;
+``throughput_heldout.csv`` holds another publisher's rows, reported apart);
 ``scripts/throughput_accuracy.py`` writes the band to ``timing/accuracy.toml`` and the table in
 the README from ``evaluate``. Nothing here is fitted: the rows only check the model.
 
@@ -41,6 +42,19 @@ class RowResult:
         return self.predicted / self.published - 1
 
 
+def _extra(text: str) -> dict[str, int | bool | str]:
+    """Further recipe keys of a row, ``key=value;key=value`` (the ``extra`` column: settings a
+    publication states that the fixed columns do not hold, e.g. ``pp_virtual``); values are
+    integers, ``true`` / ``false`` or words (``method=lora``)."""
+    def value(v: str) -> int | bool | str:
+        v = v.strip()
+        if v in ("true", "false"):
+            return v == "true"
+        return int(v) if v.isdigit() else v
+    pairs = (item.split("=", 1) for item in text.split(";") if item.strip())
+    return {k.strip(): value(v) for k, v in pairs}
+
+
 def _predict(row: dict[str, str]) -> float:
     from ..estimate import estimate
     from ..hardware import get_device
@@ -54,7 +68,7 @@ def _predict(row: dict[str, str]) -> float:
     flags = {k: row[k] == "true" for k in ("compile", "overlap_comm") if row.get(k)}
     r = Recipe.of(gpus_per_node=8, checkpointing=row["checkpointing"], attention=row["attention"],
                   precision=row["precision"], engine=row.get("engine") or "auto", **flags,
-                  **{k: int(row[k]) for k in ints})
+                  **{k: int(row[k]) for k in ints}, **_extra(row.get("extra") or ""))
     d = get_device(row["gpu"])
     if row["hbm_gb_per_s"]:
         d = replace(d, hbm_gb_per_s=float(row["hbm_gb_per_s"]))

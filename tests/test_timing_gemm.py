@@ -1,0 +1,77 @@
+"""GEMM efficiency by architecture and shape (``timing/gemm.py``): NVIDIA's tile and wave
+quantisation, normalised so the measured 8192-cube GEMM keeps its measured efficiency."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from memplan.hardware import get_device
+from memplan.timing.gemm import TILES, base_matmul_efficiency, gemm_efficiency, quantization
+from memplan.timing.kernels import gemm_seconds
+
+
+def _one_tile(m, n, sms, tm, tn):
+    tiles = math.ceil(m / tm) * math.ceil(n / tn)
+    return m * n / (tiles * tm * tn) * tiles / (math.ceil(tiles / sms) * sms)
+
+
+def test_guide_wave_example_on_a100():
+    """The guide's §3.2 example: 256 x 128 tiles on 108 SMs. 1792 fits 7 x 14 = 98 tiles in one
+    wave; 1793 needs 8 x 15 = 120 tiles, two waves, and pays for partial edge tiles. The model
+    takes the best of the guide's tiles, so it is at least the 256 x 128 figure."""
+    assert _one_tile(1792, 1792, 108, 256, 128) == pytest.approx(98 / 108)
+    assert _one_tile(1793, 1793, 108, 256, 128) == pytest.approx(
+        1793 * 1793 / (120 * 256 * 128) * 120 / 216)
+    for m in (1792, 1793, 4096, 777):
+        assert quantization(m, m, 108) == pytest.approx(
+            max(_one_tile(m, m, 108, a, b) for a, b in TILES))
+    assert quantization(1793, 1793, 108) >= _one_tile(1793, 1793, 108, 256, 128)
+
+
+def test_reference_shape_keeps_the_measured_efficiency():
+    for sms in (108, 114, 132):
+        assert gemm_efficiency(0.81, 8192, 8192, sms) == pytest.approx(0.81)
+
+
+def test_never_above_peak():
+    """An SM count at which the 8192 cube quantises badly (q_ref < 0.81) would put a well-
+    quantised shape above the peak without the cap."""
+    sms = 16385                     # 64 x 64 tiles: 16,384 of them, one wave, 16,384/16,385
+    assert quantization(8192, 8192, sms) < 1.0
+    assert gemm_efficiency(0.999999, 64 * sms, 64, sms) == 1.0
+
+
+def test_unknown_sm_count_leaves_the_base():
+    assert gemm_efficiency(0.81, 1793, 100, None) == 0.81
+
+
+def test_better_orientation_is_taken():
+    """A 128-row output fits 128 x 256 tiles exactly; 256 x 128 would waste half of each."""
+    assert quantization(128, 256 * 132, 132) == pytest.approx(1.0)
+
+
+def test_small_gemm_loses_to_waves_and_the_time_shows_it():
+    """A 256 x 256 output is 16 tiles of 64 x 64 at best: 16 of an H100's 132 SMs work, so the
+    GEMM takes 132/16 x longer than the 8192-cube efficiency says (the roofline alone cannot
+    see this)."""
+    kw = dict(peak_flops=989.4e12, matmul_efficiency=0.81, hbm_bytes_per_s=0.0,
+              bytes_per_element=2.0)
+    flat = gemm_seconds(256, 8192, 256, **kw)
+    quantised = gemm_seconds(256, 8192, 256, sm_count=132, **kw)
+    assert quantised == pytest.approx(flat * 132 / 16 * quantization(8192, 8192, 132))
+
+
+@pytest.mark.parametrize(("gpu", "expected"), [("A100-80GB", 0.827), ("H100-80GB", 0.81),
+                                               ("B200-180GB", 0.81)])
+def test_base_efficiency_by_architecture(gpu, expected):
+    """Ampere has its own measurement (A100, 258 of 312 TFLOP/s); others use the H100 one."""
+    assert base_matmul_efficiency(get_device(gpu)) == pytest.approx(expected)
+
+
+def test_catalog_sm_counts():
+    assert get_device("A100-80GB").sm_count == 108
+    assert get_device("H100-80GB").sm_count == 132
+    assert get_device("H100-PCIe-80GB").sm_count == 114
+    assert get_device("L4-24GB").sm_count is None
