@@ -391,7 +391,12 @@ pytorch/ao #196, 2024-05-01)."""
 
 
 def _quantizer(row: dict[str, str]) -> str:
-    """The library that quantised the row's base at load time (``Recipe.quantizer``)."""
+    """The library that quantised the row's base at load time (``Recipe.quantizer``): litgpt's
+    ``finetune/lora.py --quantize bnb.*`` runs Lightning's ``BitsandbytesPrecision`` with the
+    bitsandbytes==0.42.0 its pyproject.toml pinned from 2024-03-15 to 2024-12-28 (litgpt
+    929f9c79 / d2ed13c3), which covers the config hub table (last edit 2024-09-27)."""
+    if row["source_group"].startswith("litgpt"):
+        return "lightning-bnb"
     if not row["source_group"].startswith("torchtune"):
         return "bitsandbytes"  # PEFT / HF BitsAndBytesConfig, Qwen, Unsloth
     return "torchao-0.1" if row["source_group"] in TORCHAO_01_GROUPS else "torchao"

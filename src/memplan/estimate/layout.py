@@ -60,8 +60,12 @@ def _hold(model: ModelSpec, t: Tensor, recipe: Recipe, trainable: bool,
     par = recipe.parallelism
     numel = t.numel_per_rank(par.tp_of(t.experts), par.ep)
     if recipe.method.kind in FROZEN_BASE:
+        # Lightning's BitsandbytesPrecision replaces every nn.Linear, the head included
+        # (plugins/precision/bitsandbytes.py module_init_context); transformers skips it
+        head = Component.EMBEDDING if recipe.method.quantizer == "lightning-bnb" \
+            else Component.HEAD
         quantized = (recipe.method.kind == "qlora" and t.is_linear
-                     and t.component not in (Component.HEAD, Component.EMBEDDING))
+                     and t.component not in (head, Component.EMBEDDING))
         return [Held(tensor=t, numel=numel, trainable=base_trains(t, recipe),
                      quantized=quantized),
                 *(_extra(e) for e in tensor_extras(model, t, recipe, roles))]

@@ -67,7 +67,26 @@ def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
                upcast_in_model=recipe.loss.logits_upcast == "model",
                sp=par.tp if par.sequence_parallel else 1, etp=par.expert_tp,
                capacity=float(par.moe_capacity_factor),
-               compile=str(recipe.platform.compile_scope) if recipe.platform.compile else "")
+               compile=str(recipe.platform.compile_scope) if recipe.platform.compile else "",
+               **_bnb_4bit(recipe, dt, int(half)))
+
+
+def _bnb_4bit(recipe: Recipe, dt: Dtypes, half: int) -> dict[str, object]:
+    """``Ctx.dequant`` and its companions for a bitsandbytes 4-bit base (``qlora`` with ``nf4`` /
+    ``nf4-dq``): ``quant_state.dtype`` is the dtype the weight was quantised from, the loaded
+    frozen dtype for transformers (``Params4bit._quantize``: ``self.data.contiguous().to(
+    device)``), fp16 for Lightning (``BitsandbytesPrecision`` ``_Linear4bit.quantize``:
+    ``weight.contiguous().to(device=device, dtype=torch.half)``, lightning 2.4), whose bf16
+    compute then copies it (``.to(A.dtype)``)."""
+    m = recipe.method
+    lightning = m.quantizer == "lightning-bnb"
+    if m.kind != "qlora" or str(m.quant) not in ("nf4", "nf4-dq") or str(m.quantizer) not in (
+            "bitsandbytes", "lightning-bnb"):
+        return {}
+    src = 2 if lightning else int(dtype_bytes(dt.frozen))
+    copies = src != half or (lightning and recipe.precision.kind.startswith("bf16"))
+    return {"dequant": (src, half if copies else 0), "dequant_saves_input": lightning,
+            "quant_head": lightning}
 
 
 def cpu_checkpoint_bytes(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,

@@ -68,6 +68,22 @@ class Ctx:
     """The output layer trains under a frozen-base method (PEFT ``modules_to_save``)."""
     compile: str = ""
     """``torch.compile``'s regions (``recipe.CompileScope``: ``blocks``, ``model``); '' eager."""
+    dequant: tuple[int, int] = (0, 0)
+    """bitsandbytes 4-bit base (QLoRA): bytes per element of the weight ``dequantize_4bit``
+    makes (``quant_state.dtype``, the dtype the weight was quantised from) and of its copy to
+    the compute dtype (0 when the dtypes match: ``.to`` returns the tensor itself). bitsandbytes
+    ``MatMul4Bit`` (``autograd/_functions.py``, 0.42.0 to 0.45.5 alike) runs
+    ``F.linear(A, F.dequantize_4bit(B, quant_state).to(A.dtype).t())`` in the forward and
+    ``grad_output @ F.dequantize_4bit(B, ctx.state).to(grad_output.dtype).t()`` in the backward:
+    a whole 16-bit weight per quantised linear, freed after its matmul. (0, 0): no such base."""
+    dequant_saves_input: bool = False
+    """bitsandbytes before 0.43.2: ``MatMul4Bit`` keeps its input ``A`` for the backward
+    (``ctx.tensors = (A, B)``) although only ``B`` is read there; removed by bitsandbytes PR
+    #1270 (commit 9e753741, 2024-07-16, "fix QLoRA mem bug: delete useless buffered
+    activation"), first released in 0.43.2."""
+    quant_head: bool = False
+    """The output head is a quantised linear too (Lightning's ``BitsandbytesPrecision``
+    replaces every ``nn.Linear``; transformers keeps the output embedding in 16 bits)."""
 
     @property
     def tokens(self) -> int:

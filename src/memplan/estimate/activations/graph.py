@@ -73,6 +73,9 @@ class Op:
     """For ``compiled.py``: ``param`` a copy of a parameter (autocast's cast), ``rng`` a random
     op (dropout), ``gemm`` a GEMM timed as memory-bound (LoRA's rank-r matmuls); '' anything
     else."""
+    bwd_temp: int = 0
+    """Bytes the op's backward allocates and frees beside the input gradient (bitsandbytes'
+    re-dequantised weight, ``Ctx.dequant``)."""
 
 
 @dataclass(slots=True)
@@ -138,11 +141,11 @@ class Graph:
     def op(self, inputs: tuple[Tensor, ...] | list[Tensor], outputs: tuple[Tensor, ...] = (),
            saves: tuple[Tensor, ...] | list[Tensor] = (), grads: tuple[Tensor, ...] | None = None,
            params: tuple[tuple[int, int], ...] = (), kind: str = "ew", save: str = "",
-           origin: str = "") -> None:
+           origin: str = "", bwd_temp: int = 0) -> None:
         """Append an op; ``kind``: its kernel for the step time (see ``Op.kind``); ``save``: its
         kind for a per-op policy (``mm``: counted, every second one recomputed; ``attention``: a
         fused attention kernel; ``never``: an ``mm`` forced to recompute and not counted; ''
-        anything else, recomputed); ``origin``: see ``Op.origin``."""
+        anything else, recomputed); ``origin``, ``bwd_temp``: see ``Op``."""
         ins = tuple([t for t in inputs if t is not None])
         g = tuple([t for t in (ins if grads is None else grads) if t is not None and t.grad])
         kept = tuple([t for t in saves if t is not None]) if saves else ()
@@ -157,7 +160,7 @@ class Graph:
             elif save == "attention":
                 cached = self.save_attention
         self.ops.append(Op(self.region, ins, tuple(outputs), kept, g, params, self.group, kind,
-                           cached, origin))
+                           cached, origin, bwd_temp if g else 0))
         if params:
             self.param_grad_bytes += sum([b32 or b for b, b32 in params])
 
@@ -270,7 +273,7 @@ def simulate(graph: Graph) -> list[Point]:
         cast = 0
         tied_head = accumulate and tied and op is tied[1]
         if flowing:
-            extra = 0
+            extra = op.bwd_temp
             for t in op.grad_inputs:
                 if t in grad_of:
                     extra += t.nbytes  # computed, then added in place into the buffer
