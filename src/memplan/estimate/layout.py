@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model.spec import Component, ModelSpec, Split, Tensor
+from ..model.spec import Component, ModelSpec, Split, Tensor, is_head_weight
 from ..recipe import Recipe
 from ..recipe.stages import stage_layers, stages_of
 from .peft import FROZEN_BASE, Extra, adapted_roles, base_trains, model_extras, tensor_extras
@@ -62,10 +62,9 @@ def _hold(model: ModelSpec, t: Tensor, recipe: Recipe, trainable: bool,
     if recipe.method.kind in FROZEN_BASE:
         # Lightning's BitsandbytesPrecision replaces every nn.Linear, the head included
         # (plugins/precision/bitsandbytes.py module_init_context); transformers skips it
-        head = Component.EMBEDDING if recipe.method.quantizer == "lightning-bnb" \
-            else Component.HEAD
-        quantized = (recipe.method.kind == "qlora" and t.is_linear
-                     and t.component not in (head, Component.EMBEDDING))
+        head = recipe.method.quantizer == "lightning-bnb" and is_head_weight(t)
+        quantized = recipe.method.kind == "qlora" and (head or (
+            t.is_linear and t.component not in (Component.HEAD, Component.EMBEDDING)))
         return [Held(tensor=t, numel=numel, trainable=base_trains(t, recipe),
                      quantized=quantized),
                 *(_extra(e) for e in tensor_extras(model, t, recipe, roles))]

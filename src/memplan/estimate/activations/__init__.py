@@ -25,7 +25,7 @@ from .policy import host_checkpoint_bytes, policy_of
 from .traffic import Traffic, graph_traffic
 
 __all__ = ["Point", "Traffic", "points_key", "stage_points", "stage_traffic",
-           "cpu_checkpoint_bytes", "graph_attention"]
+           "cpu_checkpoint_bytes", "graph_attention", "held_bytes"]
 
 
 def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
@@ -98,6 +98,19 @@ def cpu_checkpoint_bytes(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtyp
     per_layer = ctx.tokens // ctx.sp * spec.hidden_size * ctx.act
     return host_checkpoint_bytes(recipe.checkpointing, len(stage.layers), per_layer,
                                  recipe.parallelism.tp, inflight)
+
+
+def held_bytes(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> int:
+    """Bytes the stage's autograd graph keeps on custom Functions' ``ctx`` (``Tensor.held``:
+    bitsandbytes < 0.43.2's 4-bit inputs, ``Ctx.dequant_saves_input``) and so past the
+    backward, for as long as the loop keeps the graph's outputs (``estimate/loop.py``). Known
+    deviation: inside checkpointed layers they are not counted (the recompute's graph)."""
+    ctx, args = _graph_args(spec, stage, recipe, dt)
+    if not ctx.dequant_saves_input:
+        return 0
+    g = stage_graph(spec, stage.layers, ctx, **args)  # type: ignore[arg-type]
+    held = {t for op in g.ops for t in op.saves if t.held}
+    return sum(t.nbytes for t in held)
 
 
 def accumulates(recipe: Recipe) -> bool:

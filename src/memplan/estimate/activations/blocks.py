@@ -92,11 +92,14 @@ class Blocks:
             return w, ((numel * c.half, numel * size),) if trained else ()
         return None, ((numel * size, 0),) if trained else ()
 
-    def dequant(self, numel: int) -> tuple[Tensor, int]:
+    def dequant(self, numel: int, grad_bytes: int) -> tuple[Tensor, int]:
         """A bitsandbytes 4-bit weight as its matmul sees it (``Ctx.dequant``): made just before
         the forward matmul (the ``quant_state``-dtype tensor and its copy to the compute dtype
-        alive together while the copy is made) and freed after it, nothing saved; the backward
-        makes both again (the bytes returned, for ``Op.bwd_temp``)."""
+        alive together while the copy is made) and freed after it, nothing saved. The backward
+        makes both again before the input gradient (``grad_bytes``) exists, and the copy stays
+        through that matmul; returned: the backward's bytes beyond the input gradient, for
+        ``Op.bwd_temp``. Measured on CPU (``scripts/measure_bnb_matmul4bit.py``,
+        validation/bnb_matmul4bit.json): 4 B per element fp16 -> bf16, 2 B bf16 -> bf16."""
         q, cast = self.c.dequant
         dq = self.new(numel, q, grad=False)
         self.g.op([], (dq,))
@@ -104,7 +107,7 @@ class Blocks:
             return dq, numel * q
         w = self.new(numel, cast, grad=False)
         self.g.op([dq], (w,))
-        return w, numel * (q + cast)
+        return w, max(numel * (q + cast) - grad_bytes, numel * cast)
 
     def linear(self, x: Tensor, n_in: int, n_out: int, *, bias: bool = False,
                trained: bool | None = None, tokens: int | None = None,
@@ -127,7 +130,7 @@ class Blocks:
         w, pg = self._weight(n_in * n_out, trained)
         bwd = 0
         if quant:
-            w, bwd = self.dequant(n_in * n_out)
+            w, bwd = self.dequant(n_in * n_out, xin.nbytes)
         if bias and trained:
             pg = pg + ((n_out * c.act, 0),)
         if bias and c.bias_trained and not trained:  # BitFit: the bias gradient is a sum
@@ -141,6 +144,8 @@ class Blocks:
         y = self.new(t * n_out, c.half if c.amp else c.act,
                      grad=trained or x.grad or adapted or (bias and c.bias_trained))
         keeps_input = trained or (quant and c.dequant_saves_input and xin.grad)
+        if keeps_input and not trained:  # on MatMul4Bit's ctx (``Ctx.dequant_saves_input``)
+            xin.held = self.g.group < 0
         saves = ([xin] if keeps_input else []) + (
             [w] if (w is not None and xin.grad and not quant) else [])
         self.g.op([mm_in] + ([w] if w is not None else []), (y,), saves, grads=(mm_in,),

@@ -72,10 +72,12 @@ class Ctx:
     """bitsandbytes 4-bit base (QLoRA): bytes per element of the weight ``dequantize_4bit``
     makes (``quant_state.dtype``, the dtype the weight was quantised from) and of its copy to
     the compute dtype (0 when the dtypes match: ``.to`` returns the tensor itself). bitsandbytes
-    ``MatMul4Bit`` (``autograd/_functions.py``, 0.42.0 to 0.45.5 alike) runs
+    ``MatMul4Bit`` (``autograd/_functions.py``, 0.42.0 to 0.49.2 alike) runs
     ``F.linear(A, F.dequantize_4bit(B, quant_state).to(A.dtype).t())`` in the forward and
     ``grad_output @ F.dequantize_4bit(B, ctx.state).to(grad_output.dtype).t()`` in the backward:
-    a whole 16-bit weight per quantised linear, freed after its matmul. (0, 0): no such base."""
+    a whole 16-bit weight per quantised linear, freed after its matmul. (0, 0): no such base.
+    Known deviation: bitsandbytes 0.50.0 (2026-07, PR #1949) runs the forward as a fused
+    ``gemm_4bit`` (no dequantised weight); only its backward dequantises."""
     dequant_saves_input: bool = False
     """bitsandbytes before 0.43.2: ``MatMul4Bit`` keeps its input ``A`` for the backward
     (``ctx.tensors = (A, B)``) although only ``B`` is read there; removed by bitsandbytes PR

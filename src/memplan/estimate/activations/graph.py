@@ -46,6 +46,11 @@ class Tensor:
     """Held until the forward ends even when nothing saves it (autocast cache, model output)."""
     external: bool = False
     """Exists outside this graph (batch, rotary tables): never allocated or freed here."""
+    held: bool = False
+    """Kept as an attribute of a custom Function's ``ctx`` rather than by
+    ``save_for_backward``: autograd's ``release_variables`` does not drop it, so it lives until
+    the graph itself dies, through the whole backward (PyTorch ``FunctionCtx.save_for_backward``
+    docs: tensors stored directly on ``ctx`` leak until then)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -309,7 +314,7 @@ def simulate(graph: Graph) -> list[Point]:
             n = remaining.get(t)
             if n is not None:
                 remaining[t] = n - 1
-                if n <= 1:
+                if n <= 1 and not t.held:
                     st.free(t)
         if op.group >= 0 and op is group_ops[op.group][0]:
             for t in group_inputs.get(op.group, []):

@@ -76,11 +76,13 @@ def chunked_head_loss(b: Blocks, x: Tensor, h: int, vocab: int, *, trained: bool
         rows = c.batch * min(CHUNK, c.seq - i * CHUNK)
         bwd = 0
         if quant:
-            w, bwd = b.dequant(h * vocab)
+            w, bwd = b.dequant(h * vocab, xin.nbytes)
         # the list holds the chunk's logits: the base output itself, or the adapter's sum
         y = b.new(rows * vocab, c.half if c.amp else c.act, grad=trained or x.grad or adapted,
                   keep=not adapted)
         keeps_input = trained or (quant and c.dequant_saves_input and xin.grad)
+        if keeps_input and not trained:  # on MatMul4Bit's ctx (``Ctx.dequant_saves_input``)
+            xin.held = b.g.group < 0
         saves = ([xin] if keeps_input else []) + (
             [w] if w is not None and xin.grad and not quant else [])
         b.g.op([xin] + ([w] if w is not None else []), (y,), saves, grads=(xin,),
