@@ -675,13 +675,6 @@ MISSES: dict[str, str] = {
 candidates). They are not xfails: the accuracy table and README count them as misses, and
 ``test_unexplained_misses_still_miss`` fails when one starts to pass, so the list stays true."""
 
-_LITGPT_QLORA = (
-    "litgpt QLoRA (finetune/lora.py --quantize bnb.nf4): every QLoRA row is 27-37% low while "
-    "the LoRA rows of the same models and loss pass (GT093/095/097 within 2.3%); the missing "
-    "2-4.4 GiB is not proportional to the batch. Candidates: the load (fabric.init_module("
-    "empty_init=False) builds the model on the GPU under BitsandbytesPrecision, then "
-    "load_checkpoint quantises the checkpoint's bf16 weights again) and bitsandbytes' paged "
-    "AdamW; not measured.")
 _QWEN_LOW = (
     "Qwen-1 profiling sweep: every one of the 57 bf16 LoRA / full Qwen rows is below the published value "
     "(median -9.4%), most inside the B tolerance. The gap is nearly flat in seq_len (~2-3 "
@@ -730,13 +723,6 @@ MISSES.update({
     "GT172": "-19.5% (43.50 published, 32.98-35.02 predicted). " + _QWEN_DS,
     "GT173": "-19.5% (43.50 published, 32.98-35.02 predicted). " + _QWEN_DS,
     "GT174": "-21.6% (47.10 published, 34.79-36.92 predicted). " + _QWEN_DS,
-    "GT094": "-26.9% (12.74 published, 5.40-9.31 predicted). " + _LITGPT_QLORA,
-    "GT096": "-27.0% (16.21 published, 7.34-11.84 predicted). " + _LITGPT_QLORA,
-    "GT098": "-26.6% (13.31 published, 5.69-9.77 predicted). " + _LITGPT_QLORA,
-    "GT104": "-36.7% (5.15 published, 1.65-3.26 predicted). " + _LITGPT_QLORA,
-    "GT107": "-35.4% (9.59 published, 3.34-6.20 predicted). " + _LITGPT_QLORA,
-    "GT101": "-13.4% (15.12 published, 4.21-13.10 predicted; LoRA on lm_head too). "
-             + _LITGPT_QLORA,
     "GT099": "-20.9% (13.13 published, 10.29-10.38 predicted). litgpt full.py, TinyLlama 1.1B "
              "bf16-true, torch AdamW, micro-batch 4 x 512 (config_hub/finetune/tiny-llama/"
              "full.yaml: global_batch_size 32, so 8 accumulation steps, not in the row). The "
