@@ -242,7 +242,8 @@ class Method:
     ``lightning-bnb`` (Lightning Fabric's ``BitsandbytesPrecision`` as litgpt's ``--quantize
     bnb.*`` runs it, with the bitsandbytes 0.42.0 litgpt pinned from 2024-03 to 2024-12: every
     ``nn.Linear``, the output head included, quantised from an fp16 copy; each 4-bit linear
-    keeps its input for the backward, ``activations/context.py`` ``Ctx.dequant``)."""
+    keeps its input until the autograd graph is freed). bitsandbytes' training matmul
+    dequantises each 4-bit weight in the forward and again in the backward (to 0.49.x)."""
     freeze_trainable_layers: int = field(default=2, metadata={"min": 1})
     """With ``method = freeze``: how many last layers train (LLaMA-Factory's default is 2)."""
     virtual_tokens: int = field(default=20, metadata={"min": 1})
