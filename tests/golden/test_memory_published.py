@@ -390,6 +390,16 @@ TORCHAO_01_GROUPS = ("torchtune-readme-2024-04", "torchtune-docs-qlora-tutorial"
 pytorch/ao #196, 2024-05-01)."""
 
 
+TORCHTUNE_FUSED_ADAMW = ("torchtune-readme-2024-09", "torchtune-readme-flags-2024-11")
+"""torchtune groups whose ``torch.optim.AdamW`` ran with ``fused: True``: pytorch/torchtune PR
+#1575 (cca50f02e, 2024-09-14, "add fused = true to adam, except pagedAdam") set it in the
+configs; at the cited commits 71 of 72 (30b8519e8, 2024-09-24: every llama3_1 config the
+2024-09 table names) and 109 of 111 (437a8ff33, 2024-11-26) AdamW configs have it, none before
+(0 of 30 at 2024-05-30). The flags table (2024-11) does not print its AdamW override of
+3B_full_single_device's PagedAdamW8bit; torchtune's own AdamW configs are assumed. Fused
+AdamW steps in one kernel per group: no state-sized temporaries (``optimizer_impl``)."""
+
+
 def _quantizer(row: dict[str, str]) -> str:
     """The library that quantised the row's base at load time (``Recipe.quantizer``): litgpt's
     ``finetune/lora.py --quantize bnb.*`` runs Lightning's ``BitsandbytesPrecision`` with the
@@ -437,6 +447,8 @@ def _recipe(row: dict[str, str]) -> Recipe:
         kw["logits_upcast"] = "model"
     if row["optimizer_in_backward"] == "1":
         kw["optimizer_in_backward"] = True
+    if row["source_group"] in TORCHTUNE_FUSED_ADAMW and row["optimizer"] == "adamw":
+        kw["optimizer_impl"] = "fused"
     if engine := _engine(row):
         kw["engine"] = engine
         if engine == "deepspeed":
@@ -666,10 +678,6 @@ MISSES: dict[str, str] = {
              "GT137 (same model, batch and QLoRA) passes since the estimate holds DeepSpeed "
              "ZeRO-3's persistent 5e8-element gradient bucket (measured in memplan validate "
              "--nproc 2); FSDP has no such buffer, so the FSDP gap is still unexplained.",
-    "GT023": "+17.4% at the lower end (25.50 GiB allocated published; memplan 57.92 at "
-             "seq_len 4096 and 29.94 at seq_len 1024, the lower end). Unpacked Alpaca padded "
-             "to the longest in each batch of 2: the longest batch was likely far below a quarter "
-             "of 4096. Not measured.",
 }
 """Rows outside tolerance whose cause was NOT measured (the text gives the error and the
 candidates). They are not xfails: the accuracy table and README count them as misses, and
@@ -703,8 +711,6 @@ MISSES.update({
              + _TT_COMPILE + "The rest is not explained (without the eager upcast: -18.9%).",
     "GT006": "-25.1% vs the band top (11.46 published, 7.81-8.59 predicted with compile; eager "
              "-16.1%). " + _TT_COMPILE + "Unexplained (2024-05 QLoRA, NF4 at load: see GT002).",
-    "GT027": "+20.2% (24.90 active published, 29.94 predicted with compile and eager alike: with "
-             "full checkpointing the peak is the optimizer step). Unexplained.",
     "GT030": "-13.1% (17.60 active published, 15.30 predicted). The step from GT029 (the same "
              "recipe before 8-bit AdamW, +0.6%) measured -4.2 GiB; memplan's -6.6 GiB is bf16 "
              "AdamW states (2 x 2 B/param) against 8-bit ones (2 x 1 B/param). Which 8-bit "
