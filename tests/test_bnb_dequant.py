@@ -128,3 +128,18 @@ def test_lightning_bnb_needs_a_4bit_quant():
 
     with pytest.raises(ConfigError, match="quantizer=lightning-bnb with quant=int8"):
         Recipe.of(precision="bf16-true", method="qlora", quant="int8", quantizer="lightning-bnb")
+
+
+def test_compile_keeps_the_dequantised_weight():
+    """Inductor cannot fuse bitsandbytes' dequantisation (a ctypes call in 0.42.0, a library op
+    later: ``Op.origin = "opaque"``): under ``compile_scope = blocks`` the fp16 weight and its
+    bf16 copy are still written, 4 B per element at the copy."""
+    from memplan.estimate.activations.compiled import compiled
+
+    ctx = Ctx(batch=1, seq=64, act=2, half=2, amp=False, trained=False, dequant=(2, 2),
+              compile="blocks")
+    g = Graph(region="layer 0")
+    x = Tensor(64 * 4096 * 2, 2, grad=True, external=True)
+    Blocks(g, ctx).linear(x, 4096, 4096, role=("q",))
+    pts = simulate(compiled(g, "blocks"))
+    assert max(p.total for p in pts if p.phase == "forward") == 4 * 4096 * 4096

@@ -102,11 +102,11 @@ class Blocks:
         validation/bnb_matmul4bit.json): 4 B per element fp16 -> bf16, 2 B bf16 -> bf16."""
         q, cast = self.c.dequant
         dq = self.new(numel, q, grad=False)
-        self.g.op([], (dq,))
+        self.g.op([], (dq,), origin="opaque")
         if not cast:
             return dq, numel * q
         w = self.new(numel, cast, grad=False)
-        self.g.op([dq], (w,))
+        self.g.op([dq], (w,), origin="opaque")
         return w, max(numel * (q + cast) - grad_bytes, numel * cast)
 
     def linear(self, x: Tensor, n_in: int, n_out: int, *, bias: bool = False,

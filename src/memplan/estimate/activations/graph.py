@@ -76,8 +76,9 @@ class Op:
     and reused by the recompute."""
     origin: str = ""
     """For ``compiled.py``: ``param`` a copy of a parameter (autocast's cast), ``rng`` a random
-    op (dropout), ``gemm`` a GEMM timed as memory-bound (LoRA's rank-r matmuls); '' anything
-    else."""
+    op (dropout), ``gemm`` a GEMM timed as memory-bound (LoRA's rank-r matmuls), ``opaque`` a
+    library kernel the compiler cannot fuse (bitsandbytes' dequantisation: a ctypes call in
+    0.42.0, a ``torch.library`` op later); '' anything else."""
     bwd_temp: int = 0
     """Bytes the op's backward allocates and frees beside the input gradient (bitsandbytes'
     re-dequantised weight, ``Ctx.dequant``)."""
