@@ -13,6 +13,10 @@ measure, e.g. torchao 0.1 (what torchtune pinned until May 2024):
     python scripts/measure_load_transients.py --nf4 /tmp/ao/torchao/dtypes/nf4tensor.py
 
 Prints one JSON object: the shape, the peak bytes (input included) and bytes per element.
+
+``--dequant`` instead measures the other direction, what ``linear_nf4`` runs in its forward and
+backward (``weight.to(dtype)``): ``NF4Tensor.get_original_weight`` on an already quantised
+weight, the peak of its temporaries and output per element of the weight.
 """
 
 from __future__ import annotations
@@ -58,11 +62,26 @@ def main() -> None:
     ap.add_argument("--nf4", required=True, help="path of torchao's dtypes/nf4tensor.py")
     ap.add_argument("--rows", type=int, default=11008)
     ap.add_argument("--cols", type=int, default=4096)
+    ap.add_argument("--dequant", action="store_true",
+                    help="measure get_original_weight (NF4 -> bf16) instead of to_nf4")
     a = ap.parse_args()
     spec = importlib.util.spec_from_file_location("nf4tensor", a.nf4)
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    if a.dequant:
+        q = mod.to_nf4(torch.randn(a.rows, a.cols, dtype=torch.bfloat16))
+        m = LiveBytes()
+        for t in (q.quantized_data, q.quantized_scalers, q.quantization_factor, q.scaler_mean,
+                  q.nf4):
+            m.live[id(t.untyped_storage())] = 0  # made before the count
+        with m:
+            w = q.get_original_weight()
+        print(json.dumps({"nf4": a.nf4, "shape": [a.rows, a.cols], "numel": w.numel(),
+                          "dequant_peak_bytes": m.peak,
+                          "bytes_per_element": round(m.peak / w.numel(), 3),
+                          "dtype": str(w.dtype)}))
+        return
     with LiveBytes() as m:  # the input is made inside, so it counts from the start
         w = torch.randn(a.rows, a.cols, dtype=torch.bfloat16)
         q = mod.to_nf4(w)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model.spec import Component, ModelSpec, Split, Tensor
+from ..model.spec import Component, ModelSpec, Split, Tensor, is_head_weight
 from ..recipe import Recipe
 from ..recipe.stages import stage_layers, stages_of
 from .peft import FROZEN_BASE, Extra, adapted_roles, base_trains, model_extras, tensor_extras
@@ -60,8 +60,11 @@ def _hold(model: ModelSpec, t: Tensor, recipe: Recipe, trainable: bool,
     par = recipe.parallelism
     numel = t.numel_per_rank(par.tp_of(t.experts), par.ep)
     if recipe.method.kind in FROZEN_BASE:
-        quantized = (recipe.method.kind == "qlora" and t.is_linear
-                     and t.component not in (Component.HEAD, Component.EMBEDDING))
+        # Lightning's BitsandbytesPrecision replaces every nn.Linear, the head included
+        # (plugins/precision/bitsandbytes.py module_init_context); transformers skips it
+        head = recipe.method.quantizer == "lightning-bnb" and is_head_weight(t)
+        quantized = recipe.method.kind == "qlora" and (head or (
+            t.is_linear and t.component not in (Component.HEAD, Component.EMBEDDING)))
         return [Held(tensor=t, numel=numel, trainable=base_trains(t, recipe),
                      quantized=quantized),
                 *(_extra(e) for e in tensor_extras(model, t, recipe, roles))]

@@ -9,6 +9,10 @@ frees the gradients after the step. Two common loops keep more:
   the backward and the optimizer step, and, because Python rebinds ``outputs`` only after the
   next ``model(**batch)`` returns, through the whole next forward too (where the new logits
   join it);
+- **bitsandbytes < 0.43.2 4-bit bases** (``Ctx.dequant_saves_input``): ``MatMul4Bit`` keeps
+  each input on its ``ctx``, which lives as long as the graph, so with the outputs kept the
+  inputs live through the optimizer step and the next forward (measured on CPU with 0.42.0's
+  ``MatMul4Bit`` source: ``tests/test_bnb_dequant.py``);
 - **zero_grad before the backward** (PyTorch's "Optimizing model parameters" tutorial:
   ``pred = model(X); loss = loss_fn(pred, y); optimizer.zero_grad(); loss.backward()``): the
   previous step's gradients are alive through the next forward.
@@ -34,6 +38,7 @@ from ..model.spec import ModelSpec
 from ..recipe import Recipe
 from ..units import dtype_bytes
 from ..facts import Dtypes
+from .activations import held_bytes
 from .layout import Stage
 from .lines import Line
 
@@ -113,6 +118,18 @@ def loop_lines(model: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
             "returns)", bytes=n, formula="the name is rebound only after model(**batch) "
             "returns: the last step's logits live through this forward"),
             (Phase.FORWARD,), lazy=True))
+    if loop.outputs == "kept" and last and recipe.parallelism.pp == 1 and (
+            held := held_bytes(model, stage, recipe, dt)):
+        why = ("bitsandbytes < 0.43.2 MatMul4Bit keeps each 4-bit linear's input on ctx "
+               "(ctx.tensors = (A, B), removed by PR #1270); the kept outputs keep the graph, "
+               "so they outlive the backward")
+        out.append(Line(Item(
+            category=Category.ACTIVATIONS, name="4-bit linears' inputs on the kept graph",
+            bytes=held, formula=why), (Phase.OPTIMIZER,)))
+        out.append(Line(Item(
+            category=Category.ACTIVATIONS, name="previous step's 4-bit linears' inputs (until "
+            "the forward returns)", bytes=held, formula=why + "; rebound only after "
+            "model(...) returns"), (Phase.FORWARD,), lazy=True))
     if loop.outputs == "kept" and loop.use_cache and recipe.checkpointing.kind == "none" \
             and recipe.parallelism.pp == 1:
         out += _cache_lines(model, stage, recipe, dt)

@@ -120,6 +120,12 @@ class Recipe:
         if m.kind == "qlora" and m.quant == "none":
             p.add("method=qlora needs a quantized base: set quant to nf4, nf4-dq, int8 or gptq-int4 "
                   "(QLoRA's default is nf4-dq), or use method=lora.")
+        if m.kind == "qlora" and m.quantizer == "lightning-bnb" and m.quant not in ("nf4",
+                                                                              "nf4-dq"):
+            p.add(f"quantizer=lightning-bnb with quant={m.quant} is not modelled: litgpt's "
+                  "--quantize bnb.nf4 / bnb.nf4-dq run bitsandbytes' 4-bit MatMul4Bit (what "
+                  "memplan counts); bnb.int8-training runs Linear8bitLt. Use quant=nf4 or "
+                  "nf4-dq, or quantizer=bitsandbytes.")
         if m.kind == "adapter" and m.adapter_params < 1:
             p.add("method=adapter needs adapter_params > 0: the number of parameters your "
                   "adapter trains (e.g. --adapter-params 4194304). For a named PEFT method use "

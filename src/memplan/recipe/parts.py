@@ -99,6 +99,7 @@ class Quantizer(StrEnum):
     BITSANDBYTES = "bitsandbytes"
     TORCHAO = "torchao"
     TORCHAO_0_1 = "torchao-0.1"
+    LIGHTNING_BNB = "lightning-bnb"
 
 
 class AdapterDtype(StrEnum):
@@ -242,7 +243,12 @@ class Method:
     ``nf4-dq`` or ``int8``; its largest temporary is a moment of the load phase):
     ``bitsandbytes`` (PEFT / HF ``BitsAndBytesConfig``), ``torchao`` (torchtune's
     ``NF4Tensor``, torchao >= 0.2: quantised in chunks of 2^20 elements), ``torchao-0.1``
-    (torchtune until May 2024: the whole weight at once, 64 B per element of temporaries)."""
+    (torchtune until May 2024: the whole weight at once, 64 B per element of temporaries),
+    ``lightning-bnb`` (Lightning Fabric's ``BitsandbytesPrecision`` as litgpt's ``--quantize
+    bnb.*`` runs it, with the bitsandbytes 0.42.0 litgpt pinned from 2024-03 to 2024-12: every
+    ``nn.Linear``, the output head included, quantised from an fp16 copy; each 4-bit linear
+    keeps its input until the autograd graph is freed). bitsandbytes' training matmul
+    dequantises each 4-bit weight in the forward and again in the backward (to 0.49.x)."""
     freeze_trainable_layers: int = field(default=2, metadata={"min": 1})
     """With ``method = freeze``: how many last layers train (LLaMA-Factory's default is 2)."""
     virtual_tokens: int = field(default=20, metadata={"min": 1})

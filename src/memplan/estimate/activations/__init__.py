@@ -25,7 +25,7 @@ from .policy import host_checkpoint_bytes, policy_of
 from .traffic import Traffic, graph_traffic
 
 __all__ = ["Point", "Traffic", "points_key", "stage_points", "stage_traffic",
-           "cpu_checkpoint_bytes", "graph_attention"]
+           "cpu_checkpoint_bytes", "graph_attention", "held_bytes"]
 
 
 def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
@@ -69,7 +69,26 @@ def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
                gptq=m.kind == "qlora" and m.quant == "gptq-int4",
                sp=par.tp if par.sequence_parallel else 1, etp=par.expert_tp,
                capacity=float(par.moe_capacity_factor),
-               compile=str(recipe.platform.compile_scope) if recipe.platform.compile else "")
+               compile=str(recipe.platform.compile_scope) if recipe.platform.compile else "",
+               **_bnb_4bit(recipe, dt, int(half)))
+
+
+def _bnb_4bit(recipe: Recipe, dt: Dtypes, half: int) -> dict[str, object]:
+    """``Ctx.dequant`` and its companions for a bitsandbytes 4-bit base (``qlora`` with ``nf4`` /
+    ``nf4-dq``): ``quant_state.dtype`` is the dtype the weight was quantised from, the loaded
+    frozen dtype for transformers (``Params4bit._quantize``: ``self.data.contiguous().to(
+    device)``), fp16 for Lightning (``BitsandbytesPrecision`` ``_Linear4bit.quantize``:
+    ``weight.contiguous().to(device=device, dtype=torch.half)``, lightning 2.4), whose bf16
+    compute then copies it (``.to(A.dtype)``)."""
+    m = recipe.method
+    lightning = m.quantizer == "lightning-bnb"
+    if m.kind != "qlora" or str(m.quant) not in ("nf4", "nf4-dq") or str(m.quantizer) not in (
+            "bitsandbytes", "lightning-bnb"):
+        return {}
+    src = 2 if lightning else int(dtype_bytes(dt.frozen))
+    copies = src != half or (lightning and recipe.precision.kind.startswith("bf16"))
+    return {"dequant": (src, half if copies else 0), "dequant_saves_input": lightning,
+            "quant_head": lightning}
 
 
 def cpu_checkpoint_bytes(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
@@ -81,6 +100,19 @@ def cpu_checkpoint_bytes(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtyp
     per_layer = ctx.tokens // ctx.sp * spec.hidden_size * ctx.act
     return host_checkpoint_bytes(recipe.checkpointing, len(stage.layers), per_layer,
                                  recipe.parallelism.tp, inflight)
+
+
+def held_bytes(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> int:
+    """Bytes the stage's autograd graph keeps on custom Functions' ``ctx`` (``Tensor.held``:
+    bitsandbytes < 0.43.2's 4-bit inputs, ``Ctx.dequant_saves_input``) and so past the
+    backward, for as long as the loop keeps the graph's outputs (``estimate/loop.py``). Known
+    deviation: inside checkpointed layers they are not counted (the recompute's graph)."""
+    ctx, args = _graph_args(spec, stage, recipe, dt)
+    if not ctx.dequant_saves_input:
+        return 0
+    g = stage_graph(spec, stage.layers, ctx, **args)  # type: ignore[arg-type]
+    held = {t for op in g.ops for t in op.saves if t.held}
+    return sum(t.nbytes for t in held)
 
 
 def accumulates(recipe: Recipe) -> bool:

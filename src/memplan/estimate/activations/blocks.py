@@ -92,6 +92,23 @@ class Blocks:
             return w, ((numel * c.half, numel * size),) if trained else ()
         return None, ((numel * size, 0),) if trained else ()
 
+    def dequant(self, numel: int, grad_bytes: int) -> tuple[Tensor, int]:
+        """A bitsandbytes 4-bit weight as its matmul sees it (``Ctx.dequant``): made just before
+        the forward matmul (the ``quant_state``-dtype tensor and its copy to the compute dtype
+        alive together while the copy is made) and freed after it, nothing saved. The backward
+        makes both again before the input gradient (``grad_bytes``) exists, and the copy stays
+        through that matmul; returned: the backward's bytes beyond the input gradient, for
+        ``Op.bwd_temp``. Measured on CPU (``scripts/measure_bnb_matmul4bit.py``,
+        validation/bnb_matmul4bit.json): 4 B per element fp16 -> bf16, 2 B bf16 -> bf16."""
+        q, cast = self.c.dequant
+        dq = self.new(numel, q, grad=False)
+        self.g.op([], (dq,), origin="opaque")
+        if not cast:
+            return dq, numel * q
+        w = self.new(numel, cast, grad=False)
+        self.g.op([dq], (w,), origin="opaque")
+        return w, max(numel * (q + cast) - grad_bytes, numel * cast)
+
     def linear(self, x: Tensor, n_in: int, n_out: int, *, bias: bool = False,
                trained: bool | None = None, tokens: int | None = None,
                role: tuple[str, ...] = (), always_recompute: bool = False) -> Tensor:
@@ -99,16 +116,23 @@ class Blocks:
         the input needs a gradient; the bias gradient is a sum (n_out elements). A frozen linear
         whose ``role`` is an adapter target gets PEFT's adapter path (``peft_ops.adapt``); a GPTQ
         base's block linears dequantise their weight first (``quant_ops.gptq_weight``); an
-        ``mm`` to a per-op policy (``addmm`` with a bias; ``always_recompute``: never saved)."""
+        ``mm`` to a per-op policy (``addmm`` with a bias; ``always_recompute``: never saved). A
+        frozen linear of a bitsandbytes 4-bit base (``Ctx.dequant``; any ``role``, the head's
+        only with ``Ctx.quant_head``) runs on its dequantised weight (``dequant``)."""
         c = self.c
         trained = c.trained if trained is None else trained
         t = tokens or c.tokens
+        quant = bool(c.dequant[0]) and not trained and bool(role) and (
+            role != ("lm_head",) or c.quant_head)
         adapted = not trained and bool(c.method) and bool(c.lora_targets.intersection(role))
         if adapted and c.ia3_ff.intersection(role):  # IA3 on a feed-forward linear's input
             x, adapted = peft_ops.ia3_input(self, x), False
         xin = self.cast(x, c.half) if c.amp else x
         w, pg = self._weight(n_in * n_out, trained)
-        if c.gptq and not trained and role and "lm_head" not in role:
+        bwd = 0
+        if quant:
+            w, bwd = self.dequant(n_in * n_out, xin.nbytes)
+        elif c.gptq and not trained and role and "lm_head" not in role:
             w = quant_ops.gptq_weight(self, n_in * n_out)  # auto-gptq's torch dequantisation
         if bias and trained:
             pg = pg + ((n_out * c.act, 0),)
@@ -122,9 +146,14 @@ class Blocks:
             self.g.op([xin], (mm_in,), kind="comm")
         y = self.new(t * n_out, c.half if c.amp else c.act,
                      grad=trained or x.grad or adapted or (bias and c.bias_trained))
-        saves = ([xin] if trained else []) + ([w] if (w is not None and xin.grad) else [])
+        keeps_input = trained or (quant and c.dequant_saves_input and xin.grad)
+        if keeps_input and not trained:  # on MatMul4Bit's ctx (``Ctx.dequant_saves_input``)
+            xin.held = self.g.group < 0
+        saves = ([xin] if keeps_input else []) + (
+            [w] if (w is not None and xin.grad and not quant) else [])
         self.g.op([mm_in] + ([w] if w is not None else []), (y,), saves, grads=(mm_in,),
-                  params=pg, kind="mm", save="never" if always_recompute else "" if bias else "mm")
+                  params=pg, kind="mm", save="never" if always_recompute else "" if bias else "mm",
+                  bwd_temp=bwd)
         if adapted:
             y = peft_ops.adapt(self, x, y, n_in, n_out, t, bias=bias)
         if c.sp > 1 and tokens is None and role in (("o",), ("down",)):

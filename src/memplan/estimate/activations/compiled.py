@@ -48,8 +48,9 @@ _INF = float("inf")
 
 
 def _kernel(op: Op) -> bool:
-    """A GEMM, attention kernel or collective: neither recomputed nor fused."""
-    return op.kind != "ew" or op.origin == "gemm"
+    """A GEMM, attention kernel, collective or opaque library kernel: neither recomputed nor
+    fused."""
+    return op.kind != "ew" or op.origin in ("gemm", "opaque")
 
 
 def _region_of(op: Op, scope: str) -> str | None:

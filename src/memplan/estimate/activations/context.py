@@ -74,6 +74,24 @@ class Ctx:
     each dequantises its weight to fp16 before the matmul (``quant_ops.py``)."""
     compile: str = ""
     """``torch.compile``'s regions (``recipe.CompileScope``: ``blocks``, ``model``); '' eager."""
+    dequant: tuple[int, int] = (0, 0)
+    """bitsandbytes 4-bit base (QLoRA): bytes per element of the weight ``dequantize_4bit``
+    makes (``quant_state.dtype``, the dtype the weight was quantised from) and of its copy to
+    the compute dtype (0 when the dtypes match: ``.to`` returns the tensor itself). bitsandbytes
+    ``MatMul4Bit`` (``autograd/_functions.py``, 0.42.0 to 0.49.2 alike) runs
+    ``F.linear(A, F.dequantize_4bit(B, quant_state).to(A.dtype).t())`` in the forward and
+    ``grad_output @ F.dequantize_4bit(B, ctx.state).to(grad_output.dtype).t()`` in the backward:
+    a whole 16-bit weight per quantised linear, freed after its matmul. (0, 0): no such base.
+    Known deviation: bitsandbytes 0.50.0 (2026-07, PR #1949) runs the forward as a fused
+    ``gemm_4bit`` (no dequantised weight); only its backward dequantises."""
+    dequant_saves_input: bool = False
+    """bitsandbytes before 0.43.2: ``MatMul4Bit`` keeps its input ``A`` for the backward
+    (``ctx.tensors = (A, B)``) although only ``B`` is read there; removed by bitsandbytes PR
+    #1270 (commit 9e753741, 2024-07-16, "fix QLoRA mem bug: delete useless buffered
+    activation"), first released in 0.43.2."""
+    quant_head: bool = False
+    """The output head is a quantised linear too (Lightning's ``BitsandbytesPrecision``
+    replaces every ``nn.Linear``; transformers keeps the output embedding in 16 bits)."""
 
     @property
     def tokens(self) -> int:

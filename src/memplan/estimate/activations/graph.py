@@ -46,6 +46,11 @@ class Tensor:
     """Held until the forward ends even when nothing saves it (autocast cache, model output)."""
     external: bool = False
     """Exists outside this graph (batch, rotary tables): never allocated or freed here."""
+    held: bool = False
+    """Kept as an attribute of a custom Function's ``ctx`` rather than by
+    ``save_for_backward``: autograd's ``release_variables`` does not drop it, so it lives until
+    the graph itself dies, through the whole backward (PyTorch ``FunctionCtx.save_for_backward``
+    docs: tensors stored directly on ``ctx`` leak until then)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -71,8 +76,12 @@ class Op:
     and reused by the recompute."""
     origin: str = ""
     """For ``compiled.py``: ``param`` a copy of a parameter (autocast's cast), ``rng`` a random
-    op (dropout), ``gemm`` a GEMM timed as memory-bound (LoRA's rank-r matmuls); '' anything
-    else."""
+    op (dropout), ``gemm`` a GEMM timed as memory-bound (LoRA's rank-r matmuls), ``opaque`` a
+    library kernel the compiler cannot fuse (bitsandbytes' dequantisation: a ctypes call in
+    0.42.0, a ``torch.library`` op later); '' anything else."""
+    bwd_temp: int = 0
+    """Bytes the op's backward allocates and frees beside the input gradient (bitsandbytes'
+    re-dequantised weight, ``Ctx.dequant``)."""
 
 
 @dataclass(slots=True)
@@ -138,11 +147,11 @@ class Graph:
     def op(self, inputs: tuple[Tensor, ...] | list[Tensor], outputs: tuple[Tensor, ...] = (),
            saves: tuple[Tensor, ...] | list[Tensor] = (), grads: tuple[Tensor, ...] | None = None,
            params: tuple[tuple[int, int], ...] = (), kind: str = "ew", save: str = "",
-           origin: str = "") -> None:
+           origin: str = "", bwd_temp: int = 0) -> None:
         """Append an op; ``kind``: its kernel for the step time (see ``Op.kind``); ``save``: its
         kind for a per-op policy (``mm``: counted, every second one recomputed; ``attention``: a
         fused attention kernel; ``never``: an ``mm`` forced to recompute and not counted; ''
-        anything else, recomputed); ``origin``: see ``Op.origin``."""
+        anything else, recomputed); ``origin``, ``bwd_temp``: see ``Op``."""
         ins = tuple([t for t in inputs if t is not None])
         g = tuple([t for t in (ins if grads is None else grads) if t is not None and t.grad])
         kept = tuple([t for t in saves if t is not None]) if saves else ()
@@ -157,7 +166,7 @@ class Graph:
             elif save == "attention":
                 cached = self.save_attention
         self.ops.append(Op(self.region, ins, tuple(outputs), kept, g, params, self.group, kind,
-                           cached, origin))
+                           cached, origin, bwd_temp if g else 0))
         if params:
             self.param_grad_bytes += sum([b32 or b for b, b32 in params])
 
@@ -270,7 +279,7 @@ def simulate(graph: Graph) -> list[Point]:
         cast = 0
         tied_head = accumulate and tied and op is tied[1]
         if flowing:
-            extra = 0
+            extra = op.bwd_temp
             for t in op.grad_inputs:
                 if t in grad_of:
                     extra += t.nbytes  # computed, then added in place into the buffer
@@ -306,7 +315,7 @@ def simulate(graph: Graph) -> list[Point]:
             n = remaining.get(t)
             if n is not None:
                 remaining[t] = n - 1
-                if n <= 1:
+                if n <= 1 and not t.held:
                     st.free(t)
         if op.group >= 0 and op is group_ops[op.group][0]:
             for t in group_inputs.get(op.group, []):

@@ -62,21 +62,31 @@ def chunked_head_loss(b: Blocks, x: Tensor, h: int, vocab: int, *, trained: bool
     position, which its ``reshape`` copies when the batch has more than one row; each chunk
     reduced by ``_ce``. The head weight's gradient is produced once (the last chunk's backward
     runs first). Deviation: under autocast a frozen head's weight is cast once here; autocast
-    caches only trainable leaves, so each chunk casts (and saves) its own copy."""
+    caches only trainable leaves, so each chunk casts (and saves) its own copy. A quantised head
+    (``Ctx.quant_head``, litgpt's ``--quantize bnb.*``) is dequantised by every chunk, in the
+    forward and again in its backward (``Blocks.dequant``)."""
     c = b.c
     xin = b.cast(x, c.half) if c.amp else x
     w, pg = b._weight(h * vocab, trained)
+    quant = bool(c.dequant[0]) and c.quant_head and not trained
     adapted = not trained and bool(c.method) and "lm_head" in c.lora_targets
     n = -(-c.seq // CHUNK)
     parts = []
     for i in range(n):
         rows = c.batch * min(CHUNK, c.seq - i * CHUNK)
+        bwd = 0
+        if quant:
+            w, bwd = b.dequant(h * vocab, xin.nbytes)
         # the list holds the chunk's logits: the base output itself, or the adapter's sum
         y = b.new(rows * vocab, c.half if c.amp else c.act, grad=trained or x.grad or adapted,
                   keep=not adapted)
-        saves = ([xin] if trained else []) + ([w] if w is not None and xin.grad else [])
+        keeps_input = trained or (quant and c.dequant_saves_input and xin.grad)
+        if keeps_input and not trained:  # on MatMul4Bit's ctx (``Ctx.dequant_saves_input``)
+            xin.held = b.g.group < 0
+        saves = ([xin] if keeps_input else []) + (
+            [w] if w is not None and xin.grad and not quant else [])
         b.g.op([xin] + ([w] if w is not None else []), (y,), saves, grads=(xin,),
-               params=pg if i == n - 1 else (), kind="mm")
+               params=pg if i == n - 1 else (), kind="mm", bwd_temp=bwd)
         if adapted:  # the adapter sees the chunk (a view of x): its casts are chunk-sized
             xc = Tensor(rows * h * x.itemsize, x.itemsize, x.grad, external=True)
             b.g.op([x], (xc,))
