@@ -611,12 +611,12 @@ _FSDP1_INIT = (
     "memplan's load phase models that (2 x the largest unit) and peaks at {load}, below the "
     "step. Cause unknown.")
 XFAIL: dict[str, str] = {
-    "GT008": "+192.7% (15.09 published, 44.16-47.29 predicted). The published number cannot "
+    "GT008": "+190.8% (15.09 published, 43.89-47.01 predicted). The published number cannot "
              "hold at bs 4 x 2048 without activation checkpointing: memplan's saved activations "
              "alone exceed it. With checkpointing=full memplan gives 12.12-13.65 (-9.5%), so "
              "AC was on or the sequences were shorter (README caveat: how fixed-length inputs "
              "were produced is not published). Data, not estimator.",
-    "GT011": "+89.9% (24.59 published, 46.70-50.10 predicted). Full AC at bs 4 x 4096 alone "
+    "GT011": "+87.1% (24.59 published, 46.00-49.36 predicted). Full AC at bs 4 x 4096 alone "
              "keeps 80 x 4 x 4096 x 8192 x 2 B = 20 GiB of layer inputs next to 16 GiB of "
              "sharded bf16 weights, above the published total. At seq 512 memplan gives "
              "22.79-25.00 (inside the band): the run most likely used unpacked Alpaca, not "
@@ -639,7 +639,7 @@ XFAIL.update({
 
 
 MISSES: dict[str, str] = {
-    "GT002": "-32.3% vs the band top (19.51 published, 11.70-13.21 predicted). "
+    "GT002": "-33.4% vs the band top (19.51 published, 8.25-12.99 predicted). "
              + _FSDP1_INIT.format(unsharded="zero=0: 17.24-19.02 GiB, -2.5%",
                                   load="7.03 GiB allocated"),
     "GT005": "-17.7% vs the band top (21.33 published, 15.70-17.55 predicted at seq_len "
@@ -648,7 +648,7 @@ MISSES: dict[str, str] = {
              "torch AdamW's foreach sqrt(exp_avg_sq) copy over the shard (3.1 GiB, the "
              "optimizer step is the peak); it was -27.5% while every zero>=1 run was modelled "
              "as DeepSpeed FusedAdam.",
-    "GT010": "-21.6% vs the band top (22.44 published, 15.74-17.59 predicted). Unexplained: "
+    "GT010": "-21.8% vs the band top (22.44 published, 15.71-17.55 predicted). Unexplained: "
              "the value equals GT009's (another config, 1 GPU) whose reproduction measured "
              "20.2 GB (PR #961), so possibly a copied cell; FSDP1 multi-stream allocator slack "
              "above memplan's 5 % is a candidate. The foreach AdamW copy (engine=fsdp1, see GT005) "
@@ -657,10 +657,6 @@ MISSES: dict[str, str] = {
              "identified. The same non-state memory is missing in GT137/GT140 (same model, "
              "bs 2 x 2048, reentrant AC); published GT140 - GT138 = 16.0 GiB matches "
              "memplan's 16.4 GiB NF4 shard, so the offload itself is modelled right.",
-    "GT140": "-18.7% (35.60 published, 26.69-28.95 predicted) under FSDP. Its DeepSpeed twin "
-             "GT137 (same model, batch and QLoRA) passes since the estimate holds DeepSpeed "
-             "ZeRO-3's persistent 5e8-element gradient bucket (measured in memplan validate "
-             "--nproc 2); FSDP has no such buffer, so the FSDP gap is still unexplained.",
     "GT023": "+17.4% at the lower end (25.50 GiB allocated published; memplan 57.92 at "
              "seq_len 4096 and 29.94 at seq_len 1024, the lower end). Unpacked Alpaca padded "
              "to the longest in each batch of 2: the longest batch was likely far below a quarter "

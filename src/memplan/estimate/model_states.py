@@ -19,6 +19,7 @@ from ..recipe import Recipe
 from ..units import dtype_bytes
 from .deepspeed_buffers import deepspeed_buffer_lines
 from .fsdp1_flat import flat_grad_holds, largest_grad_unit, mixes_frozen
+from .fsdp1_units import fsdp1_per_moment
 from .fsdp2_units import fsdp2_per_moment
 from .layout import Held, Stage
 from .lines import Line
@@ -145,11 +146,14 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
             formula=f"the largest trainable tensor x {gb:g} B: each "
             "gradient is stepped and freed by its post-accumulate-grad hook (torchtune "
             "training/_memory.py register_optim_in_bwd_hooks) before the next one is made")
-    elif not flat_grads and fsdp2_per_moment(recipe) and not persistent:
-        # FSDP2 writes a block's sharded gradient at its post-backward, the root's at the end:
-        # fsdp2_units adds them per backward instant
-        add(Category.GRADIENTS, "gradients", grads, shard=True, phases=(O,),
-            formula=f"trainable elements x {gb:g} B (in the backward: fsdp2_units.py)")
+    elif not flat_grads and (fsdp2_per_moment(recipe) or fsdp1_per_moment(recipe)) \
+            and not persistent:
+        # FSDP2 and FSDP1 write a block's sharded gradient at its post-backward, the root's at
+        # the end: fsdp2_units / fsdp1_units add them per backward instant
+        add(Category.GRADIENTS, f"gradients{why}", grads, shard=True, phases=(O,),
+            formula=(f"elements of the FSDP1 units with a trainable parameter x {gb:g} B"
+                     if flat_mix else f"trainable elements x {gb:g} B")
+            + " (in the backward: fsdp2_units.py / fsdp1_units.py)")
     elif not flat_grads:
         add(Category.GRADIENTS, f"gradients{why}", grads, shard=z >= 2,
             phases=grad_phases, grows=not persistent,
@@ -236,8 +240,8 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
             "gradient dtype, allocated once and kept (DeepSpeedZeroOptimizer_Stage3.__init__, "
             "deepspeed/runtime/zero/stage3.py, 0.19.8: 'if self.contiguous_gradients: "
             "bucket.buffer = torch.empty(self.reduce_bucket_size, ...)')"))
-    if fsdp2_per_moment(recipe):
-        pass  # gathered units and unit gradients per instant: fsdp2_units.py
+    if fsdp2_per_moment(recipe) or fsdp1_per_moment(recipe):
+        pass  # gathered units and unit gradients per instant: fsdp2_units.py, fsdp1_units.py
     elif recipe.parallelism.zero == 3 and recipe.parallelism.shard_degree > 1:
         unit = stage.largest_unit_numel
         gathered = max((sum(quantized_bytes(h.numel, h.tensor.shape[0], recipe.method.quant)

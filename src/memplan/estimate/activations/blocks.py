@@ -119,7 +119,8 @@ class Blocks:
             self.g.op([xin], (mm_in,), kind="comm")
         y = self.new(t * n_out, c.half if c.amp else c.act,
                      grad=trained or x.grad or adapted or (bias and c.bias_trained))
-        saves = ([xin] if trained else []) + ([w] if (w is not None and xin.grad) else [])
+        saves = ([xin] if trained or self._layer_weight_grad() else []) \
+            + ([w] if (w is not None and xin.grad) else [])
         self.g.op([mm_in] + ([w] if w is not None else []), (y,), saves, grads=(mm_in,),
                   params=pg, kind="mm", save="never" if always_recompute else "" if bias else "mm")
         if adapted:
@@ -130,6 +131,12 @@ class Blocks:
             self.g.op([y], (rs,), kind="comm")
             y = rs
         return y
+
+    def _layer_weight_grad(self) -> bool:
+        """A frozen weight of a layer gets a gradient all the same (``Ctx.layer_weight_grads``:
+        FSDP1 flat parameters mixing frozen and trainable tensors, torch 2.13
+        ``_flat_param.py`` ``_use_unsharded_views``)."""
+        return self.c.layer_weight_grads and self.g.region.startswith("layer ")
 
     # -- norms ---------------------------------------------------------------------------------
     def _norm_trained(self, leaf: str) -> bool:
@@ -164,8 +171,9 @@ class Blocks:
             return self.cast(out, in_size)
         nc = self.cast(n, in_size)
         w_size = c.train_act if trained and not c.trained else c.act
-        out = self.new(t * h, max(in_size, w_size), nc.grad or trained)
-        self.g.op([nc, w], (out,), [nc] if trained else [], grads=(nc,), params=pg)
+        wg = trained or self._layer_weight_grad()
+        out = self.new(t * h, max(in_size, w_size), nc.grad or wg)
+        self.g.op([nc, w], (out,), [nc] if wg else [], grads=(nc,), params=pg)
         return out
 
     def layernorm(self, x: Tensor, h: int) -> Tensor:

@@ -66,6 +66,12 @@ class Ctx:
     """The token embedding trains under a frozen-base method (PEFT ``modules_to_save``)."""
     head_trained: bool = False
     """The output layer trains under a frozen-base method (PEFT ``modules_to_save``)."""
+    layer_weight_grads: bool = False
+    """Every weight of the layers gets a gradient although the base is frozen: FSDP1's flat
+    parameter of a unit mixing frozen and trainable tensors requires a gradient as a whole, so
+    its frozen views do too (``estimate/fsdp1_flat.py``), and each linear and norm of a layer
+    saves the input its weight gradient needs (``Blocks``, inside the layers: the root unit
+    of embedding, final norm and head stays frozen as a whole)."""
     compile: str = ""
     """``torch.compile``'s regions (``recipe.CompileScope``: ``blocks``, ``model``); '' eager."""
 
