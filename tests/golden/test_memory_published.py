@@ -436,6 +436,11 @@ def _recipe(row: dict[str, str]) -> Recipe:
         kw["engine"] = engine
         if engine == "deepspeed":
             kw.update(_qwen_deepspeed(row))
+        if engine == "fsdp1" and row["source_group"] == "peft-docs-70b":
+            # huggingface/peft examples/sft/configs/fsdp_config.yaml (c1e2a40) and
+            # fsdp_config_qlora.yaml (1948110): fsdp_backward_prefetch BACKWARD_PRE,
+            # fsdp_use_orig_params false (the SFTTrainer wraps with PEFT's policy)
+            kw |= {"fsdp1_backward_prefetch": "backward_pre", "use_orig_params": False}
     if "model loaded in fp32" in row["notes"] and engine in ("fsdp1", "fsdp2") and (
             row["precision"].endswith("-mixed")):
         kw["frozen_dtype"] = "fp32"  # FSDP keeps the loaded dtype (DeepSpeed casts to 16-bit)

@@ -45,7 +45,8 @@ from __future__ import annotations
 from ..recipe import Recipe
 from .layout import Held, Stage
 
-__all__ = ["flat_grad_holds", "largest_grad_unit", "mixes_frozen"]
+__all__ = ["flat_grad_holds", "has_leaf_units", "largest_grad_unit", "layer_flat_part",
+           "mixes_frozen"]
 
 
 _LEAF_WEIGHTS = (".lora_A", ".lora_B", ".lora_magnitude_vector", " (ln_tuning copy)",
@@ -100,3 +101,15 @@ def largest_grad_unit(stage: Stage, recipe: Recipe) -> int:
     the reduce-scatter input of the backward."""
     return max((sum(h.numel for h in u) for u in _units(stage, recipe)
                 if any(h.trainable for h in u)), default=0)
+
+
+def has_leaf_units(unit: tuple[Held, ...], recipe: Recipe) -> bool:
+    """Whether the wrap policy makes units of their own inside ``unit`` (PEFT's policy around
+    trainable leaf modules): they run, and are prefetched, between the layer's own hooks."""
+    return str(recipe.engine_kind) == "fsdp1" and any(_own_unit(h, recipe) for h in unit)
+
+
+def layer_flat_part(unit: tuple[Held, ...], recipe: Recipe) -> tuple[Held, ...]:
+    """The tensors of ``unit``'s own flat parameter: without the leaf modules the wrap policy
+    makes units of their own."""
+    return tuple(h for h in unit if not _own_unit(h, recipe))

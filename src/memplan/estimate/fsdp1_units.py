@@ -19,6 +19,10 @@ defaults (accelerate 1.15 ``FullyShardedDataParallelPlugin``: ``forward_prefetch
    unit is gathered ahead (``_prefetch_handle`` returns when the policy is ``None``), so one
    layer is gathered at a time, beside the root. ``limit_all_gathers`` only bounds in-flight
    all-gathers (at most two, ``_FreeEventQueue``), which without prefetching never exceed one.
+   ``backward_prefetch = BACKWARD_PRE`` (``Engine.fsdp1_backward_prefetch``, PEFT's example
+   FSDP configs) gathers the next block at each pre-backward: the last block from the loss on,
+   block ``i - 1`` beside block ``i``. ``BACKWARD_POST`` gathers it after the current block is
+   resharded, which adds nothing at these instants.
 3. Gradients: in forward and backward the module parameters are autograd views of the
    unsharded flat parameter (``_flat_param.py`` ``_use_unsharded_views``), so each
    parameter's gradient waits, unsharded in ``param_dtype``, in the input buffer of the view's
@@ -35,9 +39,9 @@ defaults (accelerate 1.15 ``FullyShardedDataParallelPlugin``: ``forward_prefetch
 Measured on the tiny Llama (``memplan validate --nproc 2``, FSDP1 configured from memplan's
 accelerate export, 2 ranks, gloo, CPU): see ``validation/dist_nproc2.json``.
 
-Known limitations: ``forward_prefetch``, ``backward_prefetch``, ``SHARD_GRAD_OP`` and CPU
-offload are not modelled here (``fsdp1_per_moment`` is false for zero=2 and for offload; the
-recipe has no prefetch knob).
+Known limitations: ``forward_prefetch``, ``SHARD_GRAD_OP`` and CPU offload are not modelled
+here (``fsdp1_per_moment`` is false for zero=2 and for offload; the recipe has no forward
+prefetch knob).
 Under mixed precision the low-precision shard (``_mp_shard``, one shard in ``param_dtype``)
 exists only for the length of the all-gather; not counted. A block's flat-gradient
 concatenation is not counted (see 3.): the estimate has one instant per block.
@@ -51,7 +55,7 @@ from ..breakdown import Category, Phase
 from ..facts import Dtypes
 from ..recipe import Recipe
 from ..units import dtype_bytes
-from .fsdp1_flat import mixes_frozen
+from .fsdp1_flat import has_leaf_units, layer_flat_part, mixes_frozen
 from .fsdp2_units import gathered_bytes, unit_item
 from .layout import Held, Stage
 from .timeline import Instant
@@ -90,7 +94,7 @@ def fsdp1_instants(stage: Stage, recipe: Recipe, dt: Dtypes,
     step); False when that line holds them all step long (gradient accumulation). Formula per
     instant (G = gathered unit in ``param_dtype``, g = the
     elements that get a gradient x ``param_dtype`` bytes): forward G_root, + G_i in block i;
-    backward loss G_root; head G_root + g_head; block i G_root + g_head + G_i + the part of
+    backward (+ G_(last) at loss and head and G_(i-1) in block i under BACKWARD_PRE) loss G_root; head G_root + g_head; block i G_root + g_head + G_i + the part of
     g_i produced so far + s_(j>i); embedding G_root + 2 (g_head + g_emb) + s_all (s: g in the
     gradient dtype / shard degree).
     """
@@ -105,6 +109,8 @@ def fsdp1_instants(stage: Stage, recipe: Recipe, dt: Dtypes,
     t_head, t_emb = _graded(head, flat), _graded(emb, flat)
     total = t_head + t_emb + sum(t_blk)
     n = len(blocks)
+    pre = str(recipe.engine.fsdp1_backward_prefetch) == "backward_pre"
+    leaves = [has_leaf_units(u, recipe) for u in blocks]
     out = []
     for inst in instants:
         region = inst.label.split(": ", 1)[-1]
@@ -116,7 +122,22 @@ def fsdp1_instants(stage: Stage, recipe: Recipe, dt: Dtypes,
             items.append(unit_item(Category.COMMUNICATION, f"FSDP1 block {i}, gathered",
                                    g_blk[i], f"{_SRC} _pre_forward_unshard / "
                                    "_pre_backward_hook; freed at its post-forward / "
-                                   "post-backward; no prefetch (accelerate's defaults)"))
+                                   "post-backward"))
+        # BACKWARD_PRE: each pre-backward gathers the unit whose forward ended just before
+        # (_get_handle_to_prefetch, _ExecOrderData.get_handle_to_backward_prefetch: post-forward
+        # index - 1); the root's pre-backward, at the loss, gathers the last block
+        # block i - 1 is gathered inside block i's backward only when block i has no units of
+        # its own: else the unit prefetched at block i's pre-backward is block i's last adapter
+        # leaf, and block i - 1 comes with the first leaf's, at the end of block i (not counted)
+        ahead = (None if inst.phase != Phase.BACKWARD or not pre else n - 1
+                 if region in ("loss", "head") else i - 1
+                 if i is not None and 0 < i < n and not leaves[i] else None)
+        if ahead is not None and ahead >= 0:
+            # the layer's own flat parameter: its adapter leaves are units of their own
+            items.append(unit_item(Category.COMMUNICATION, f"FSDP1 block {ahead}, prefetched",
+                                   gathered_bytes(layer_flat_part(blocks[ahead], recipe),
+                                                  recipe, cb), f"{_SRC} _prefetch_handle (backward_prefetch "
+                                   "= BACKWARD_PRE)"))
         grads: list[tuple[str, float]] = []
         if inst.phase == Phase.BACKWARD and region != "loss":
             done = inst.progress * total

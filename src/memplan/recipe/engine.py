@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from ..errors import Problems
     from .parts import Offload, Parallelism
 
-__all__ = ["EngineKind", "Engine", "Fsdp1Wrap", "resolve_engine", "engine_problems"]
+__all__ = ["EngineKind", "Engine", "Fsdp1Prefetch", "Fsdp1Wrap", "resolve_engine",
+           "engine_problems"]
 
 
 class EngineKind(StrEnum):
@@ -51,6 +52,19 @@ class Fsdp1Wrap(StrEnum):
     ``transformer_auto_wrap_policy``; accelerate's ``TRANSFORMER_BASED_WRAP`` in a script of
     your own): a LoRA layer's unit mixes frozen and trainable tensors, and its flat gradient
     covers the frozen ones (``estimate/fsdp1_flat.py``)."""
+
+
+class Fsdp1Prefetch(StrEnum):
+    """FSDP1 ``backward_prefetch`` (torch ``BackwardPrefetch``)."""
+
+    NONE = "none"
+    """No prefetch: accelerate 1.15's default (``NO_PREFETCH``) and the HF Trainer's
+    (``training_args.py``: ``fsdp_config.get("backward_prefetch", "NO_PREFETCH")``)."""
+    BACKWARD_PRE = "backward_pre"
+    """At each unit's pre-backward, all-gather the unit that runs next in backward: two layers
+    gathered at once (torch ``_runtime_utils.py`` ``_get_handle_to_prefetch``)."""
+    BACKWARD_POST = "backward_post"
+    """All-gather the next unit at the current one's post-backward, after it is resharded."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,6 +109,9 @@ class Engine:
     units of their own; what the HF Trainer and llama-recipes use) or ``layers``
     (``transformer_auto_wrap_policy`` alone: adapters share their layer's unit, whose flat
     gradient then covers the frozen weights too)."""
+    fsdp1_backward_prefetch: Fsdp1Prefetch = Fsdp1Prefetch.NONE
+    """FSDP1 ``backward_prefetch``: ``none`` (accelerate's and the HF Trainer's default),
+    ``backward_pre`` (one more layer gathered through the backward), ``backward_post``."""
     use_orig_params: bool = True
     """FSDP1 ``use_orig_params`` (the HF Trainer's default, ``training_args.py``). False: FSDP1
     refuses a unit that mixes frozen and trainable tensors (torch ``_flat_param.py``)."""

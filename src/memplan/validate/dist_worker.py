@@ -18,8 +18,8 @@ config it ran and every step's peaks per phase and moment.
   ``sharding_strategy`` from ``fsdp_reshard_after_forward``, ``use_orig_params`` from
   ``fsdp_use_orig_params``, ``mixed_precision: bf16`` -> ``MixedPrecision(param_dtype=bf16,
   reduce_dtype=bf16, buffer_dtype=bf16)`` (``set_mixed_precision``, fsdp_version 1), the
-  plugin's defaults ``limit_all_gathers=True``, ``forward_prefetch=False``, no
-  ``backward_prefetch`` (``NO_PREFETCH``); the auto-wrap policy is the recipe's ``fsdp1_wrap``,
+  plugin's defaults ``limit_all_gathers=True``, ``forward_prefetch=False``,
+  ``backward_prefetch`` from ``fsdp_backward_prefetch`` (``NO_PREFETCH``: None); the auto-wrap policy is the recipe's ``fsdp1_wrap``,
   which the YAML cannot say: ``layers`` = ``TRANSFORMER_BASED_WRAP`` (``transformer_auto_wrap_
   policy`` on ``_no_split_modules``), ``peft`` = PEFT's ``fsdp_auto_wrap_policy(model)``, which
   the HF Trainer installs for a PEFT model (transformers ``update_fsdp_plugin_peft``).
@@ -140,6 +140,15 @@ def _fsdp2(model: Any, cfg: dict[str, Any], optimizer_name: str) -> _Engine:
                    extra_params=lambda: [], extra_opt=lambda: [])
 
 
+def _backward_prefetch(name: Any) -> Any:
+    """accelerate's ``fsdp_backward_prefetch`` as torch's ``BackwardPrefetch`` (``NO_PREFETCH``
+    or absent: None, accelerate 1.15 ``FullyShardedDataParallelPlugin.__post_init__``)."""
+    from torch.distributed.fsdp import BackwardPrefetch
+
+    name = str(name or "NO_PREFETCH").upper()
+    return None if name == "NO_PREFETCH" else BackwardPrefetch[name]
+
+
 def _fsdp1(model: Any, cfg: dict[str, Any], recipe: Recipe) -> _Engine:
     import functools
 
@@ -171,7 +180,8 @@ def _fsdp1(model: Any, cfg: dict[str, Any], recipe: Recipe) -> _Engine:
              mixed_precision=(MixedPrecision(param_dtype=mp, reduce_dtype=mp, buffer_dtype=mp)
                               if mp else None),
              use_orig_params=bool(fsdp.get("fsdp_use_orig_params", False)),
-             limit_all_gathers=True, forward_prefetch=False, backward_prefetch=None)
+             limit_all_gathers=True, forward_prefetch=False,
+             backward_prefetch=_backward_prefetch(fsdp.get("fsdp_backward_prefetch")))
     if fsdp.get("fsdp_activation_checkpointing"):
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
             CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
