@@ -169,3 +169,19 @@ def test_backward_pre_gathers_one_more_block_in_the_backward():
     block = 147_712 * 4  # one tiny-Llama layer, fp32, unsharded
     assert peak("backward_pre") - peak("none") == block
     assert peak("backward_post") == peak("none")
+
+
+@pytest.mark.parametrize(("keys", "fix"), [
+    ({"method": "lora", "fsdp1_wrap": "layers"}, "or fsdp1_wrap=peft"),
+    ({"method": "ia3"}, "Set adapter_dtype=bf16 (or frozen_dtype to match)."),
+])
+def test_a_flat_parameter_holds_one_dtype(keys, fix):
+    """bf16-mixed keeps an FSDP1 LoRA base in bf16 (frozen_dtype auto) and PEFT's adapters in
+    fp32: torch refuses to flatten them into one unit; memplan says so, with the fixes."""
+    r = Recipe.from_dict({"engine": "fsdp1", "zero": 3, "gpus": 2, "device": "cpu",
+                          "precision": "bf16-mixed", **keys})
+    with pytest.raises(ConfigError, match="uniform dtype") as e:
+        estimate(load_model(str(TINY)), r, cpu_device(16 * GIB))
+    assert fix in str(e.value)
+    for ok in ({"adapter_dtype": "bf16"}, {"frozen_dtype": "fp32"}):
+        estimate(load_model(str(TINY)), r.with_keys(**ok), cpu_device(16 * GIB))
