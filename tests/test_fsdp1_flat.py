@@ -185,3 +185,15 @@ def test_a_flat_parameter_holds_one_dtype(keys, fix):
     assert fix in str(e.value)
     for ok in ({"adapter_dtype": "bf16"}, {"frozen_dtype": "fp32"}):
         estimate(load_model(str(TINY)), r.with_keys(**ok), cpu_device(16 * GIB))
+
+
+def test_the_frozen_weights_gradient_gemms_are_executed_not_model_flops():
+    """fsdp1_wrap=layers computes a gradient for every frozen layer weight: one more pass over
+    the layers' matmuls in the executed FLOPs (time, HFU); model FLOPs (MFU) unchanged."""
+    from memplan.timing.flops import token_flops
+
+    model = load_model(str(TINY))
+    peft, layers = (token_flops(model, _recipe("fsdp1", "lora", wrap=w)) for w in ("peft", "layers"))
+    head = 2 * model.hidden_size * model.vocab_size
+    assert layers.model == peft.model
+    assert layers.executed - peft.executed == pytest.approx(peft.matmul_forward - head)
