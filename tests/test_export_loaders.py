@@ -108,6 +108,7 @@ ACCELERATE_RECIPES = [
     dict(engine="fsdp2", zero=3, gpus=8, checkpointing="full"),
     dict(engine="fsdp1", zero=2, gpus=8, precision="16-mixed"),
     dict(engine="fsdp2", zero=3, gpus=8, offload="params+optimizer", reshard_after_forward=False),
+    dict(engine="fsdp1", zero=3, gpus=8, method="lora", use_orig_params=False),
 ]
 
 
@@ -138,6 +139,7 @@ HF_RECIPES = [
     dict(gpus=1),
     dict(engine="fsdp2", zero=3, gpus=8, checkpointing="full"),
     dict(engine="fsdp1", zero=3, gpus=8, offload="params+optimizer"),
+    dict(engine="fsdp1", zero=3, gpus=8, use_orig_params=False),
     dict(engine="deepspeed", zero=2, gpus=8, optimizer="adamw"),
     dict(gpus=1, optimizer="sgd-momentum", precision="16-mixed", micro_batch=4, grad_accum=8),
 ]
@@ -266,6 +268,7 @@ LIGHTNING_RECIPES = [
     dict(engine="deepspeed", zero=3, gpus=8, offload="optimizer"),
     dict(engine="fsdp2", zero=3, gpus=8),
     dict(engine="ddp", gpus=4, precision="16-mixed", grad_accum=2),
+    dict(engine="fsdp1", zero=3, gpus=8, use_orig_params=False),
 ]
 
 

@@ -20,6 +20,7 @@ from .model_states import model_state_items
 from .overhead import fragmentation_item, nccl_items, overhead_items
 from .activations import Point, cpu_checkpoint_bytes, points_key, stage_points
 from .lines import Line
+from .fsdp1_units import fsdp1_instants, fsdp1_per_moment
 from .fsdp2_units import fsdp2_instants, fsdp2_per_moment
 from .load import load_moments
 from .loop import loop_lines
@@ -197,10 +198,12 @@ def _stage_parts(model: ModelSpec, stage: Stage, recipe: Recipe, device: Device,
     lines += overhead_items(device, on_cpu)
     lines += nccl_items(recipe, stage.index) + _step_lines(stage, recipe, dt)
     instants = _instants(model, stage, recipe, dt, memo)
+    persistent = any(ln.item.category == Category.GRADIENTS and Phase.FORWARD in ln.phases
+                     for ln in states)
     if fsdp2_per_moment(recipe):
-        persistent = any(ln.item.category == Category.GRADIENTS and Phase.FORWARD in ln.phases
-                         for ln in states)
         instants = fsdp2_instants(stage, recipe, dt, instants, sharded_grads=not persistent)
+    elif fsdp1_per_moment(recipe):
+        instants = fsdp1_instants(stage, recipe, dt, instants, sharded_grads=not persistent)
     init = load_moments(stage, recipe, dt, lines, load=load, capacity_bytes=device.capacity_bytes)
     outside = [ln.item for ln in lines if ln.item.pool != Pool.ALLOCATED]
     par = recipe.parallelism

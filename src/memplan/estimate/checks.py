@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from ..errors import Problems
+from ..facts import state_dtypes
 from ..model.spec import LORA_TARGETS, ModelSpec
 from ..recipe import Parallelism, Recipe
+from ..recipe.engine import fsdp1_mixes
 from .peft import LORA_LIKE, peft_problems
 
 __all__ = ["check_compatible"]
@@ -38,6 +40,7 @@ def check_compatible(model: ModelSpec, recipe: Recipe) -> None:
             p.add(f"ep={par.ep} does not divide the {experts} experts of {model.id}. "
                   f"Use a divisor of {experts}.")
     peft_problems(model, recipe, p)
+    _fsdp1_flat_dtype(recipe, p)
     graph = model.traits.graph if model.traits is not None else None
     if recipe.method.kind in ("prompt-tuning", "prefix-tuning") and graph not in (
             "decoder", "ln_decoder") and not (recipe.method.kind == "prompt-tuning"
@@ -128,3 +131,21 @@ def _pipeline_split(model: ModelSpec, par: Parallelism, p: Problems) -> None:
               f"pp_virtual = {pp * vp} equal chunks (Megatron requires it). Choose pp_virtual "
               "so that pp x pp_virtual divides the layers, or set pp_first_layers / "
               "pp_last_layers.")
+
+
+def _fsdp1_flat_dtype(recipe: Recipe, p: Problems) -> None:
+    """An FSDP1 flat parameter holds one dtype (torch 2.13 ``_flat_param.py``
+    ``_validate_tensors_to_flatten``: "Must flatten tensors with uniform dtype"), so adapters
+    that share a unit with the frozen base must be stored in the base's dtype."""
+    kind = str(recipe.method.kind)
+    if str(recipe.engine_kind) != "fsdp1" or kind not in LORA_LIKE + ("ia3",) \
+            or not fsdp1_mixes(kind, str(recipe.engine.fsdp1_wrap)):
+        return
+    frozen, adapter = state_dtypes(recipe).frozen, str(recipe.method.adapter_dtype)
+    if frozen != adapter:
+        p.add(f"engine=fsdp1 with fsdp1_wrap={recipe.engine.fsdp1_wrap} puts method={kind}'s "
+              f"{adapter} adapters in one flat parameter with the {frozen} frozen base, which "
+              "torch refuses ('Must flatten tensors with uniform dtype', _flat_param.py). Set "
+              f"adapter_dtype={frozen} (or frozen_dtype to match)"
+              + (", or fsdp1_wrap=peft (adapters in units of their own)."
+                 if not fsdp1_mixes(kind, "peft") else "."))

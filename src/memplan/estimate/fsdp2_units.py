@@ -53,7 +53,7 @@ from .layout import Held, Stage
 from .states import quantized_bytes
 from .timeline import Instant
 
-__all__ = ["fsdp2_instants", "fsdp2_per_moment"]
+__all__ = ["fsdp2_instants", "fsdp2_per_moment", "gathered_bytes", "unit_item"]
 
 _SRC = "torch 2.13 torch/distributed/fsdp/_fully_shard/"
 
@@ -67,7 +67,7 @@ def fsdp2_per_moment(recipe: Recipe) -> bool:
             and par.pp == 1 and not recipe.optimizer.in_backward)
 
 
-def _gathered(unit: tuple[Held, ...], recipe: Recipe, cb: float) -> int:
+def gathered_bytes(unit: tuple[Held, ...], recipe: Recipe, cb: float) -> int:
     """Bytes of a unit all-gathered: ``param_dtype`` (packed 4/8-bit for a quantized base)."""
     return math.ceil(sum(quantized_bytes(h.numel, h.tensor.shape[0], recipe.method.quant)
                          if h.quantized else h.numel * cb for h in unit))
@@ -77,7 +77,7 @@ def _trained(unit: tuple[Held, ...]) -> int:
     return sum(h.numel for h in unit if h.trainable)
 
 
-def _item(category: Category, name: str, nbytes: float, formula: str) -> Item:
+def unit_item(category: Category, name: str, nbytes: float, formula: str) -> Item:
     return Item(category=category, name=name, bytes=math.ceil(nbytes), formula=formula)
 
 
@@ -101,8 +101,8 @@ def fsdp2_instants(stage: Stage, recipe: Recipe, dt: Dtypes,
     sb = dtype_bytes(dt.grad) / recipe.parallelism.shard_degree
     units = stage.units
     emb, head, blocks = units[0], units[-1], units[1:-1]
-    g_root = _gathered(emb + head, recipe, cb)
-    g_blk = [_gathered(u, recipe, cb) for u in blocks]
+    g_root = gathered_bytes(emb + head, recipe, cb)
+    g_blk = [gathered_bytes(u, recipe, cb) for u in blocks]
     t_blk = [_trained(u) for u in blocks]
     t_head, t_emb = _trained(head), _trained(emb)
     total = t_head + t_emb + sum(t_blk)
@@ -112,7 +112,7 @@ def fsdp2_instants(stage: Stage, recipe: Recipe, dt: Dtypes,
     for inst in instants:
         region = inst.label.split(": ", 1)[-1]
         i = int(region[6:]) if region.startswith("layer ") else None
-        items = [_item(Category.COMMUNICATION, "FSDP2 root unit, gathered (embedding, norm, "
+        items = [unit_item(Category.COMMUNICATION, "FSDP2 root unit, gathered (embedding, norm, "
                        "head)", g_root, f"never resharded after forward ({_SRC}_fsdp_state.py "
                        "FSDPState._lazy_init: post_forward_mesh_info = None for the root)")]
         gathered: list[tuple[str, int]] = []
@@ -168,12 +168,12 @@ def fsdp2_instants(stage: Stage, recipe: Recipe, dt: Dtypes,
                            if region == "embedding" else 0)
                 if reduced:
                     grads.append(("sharded gradients of the blocks reduced so far", reduced * sb))
-            items += [_item(Category.GRADIENTS if "sharded gradients" in name
+            items += [unit_item(Category.GRADIENTS if "sharded gradients" in name
                             else Category.COMMUNICATION, f"FSDP2 {name}", b,
                             f"{_SRC}_fsdp_param_group.py post_backward / foreach_reduce: "
                             "unsharded in param_dtype, reduce-scatter input in reduce_dtype "
                             "(accelerate: = param_dtype)") for name, b in grads]
-        items += [_item(Category.COMMUNICATION, f"FSDP2 {name}", b,
+        items += [unit_item(Category.COMMUNICATION, f"FSDP2 {name}", b,
                         f"{_SRC}_fsdp_param_group.py unshard / wait_for_unshard: param_dtype")
                   for name, b in gathered]
         out.append(replace(inst, items=inst.items + tuple(items)))

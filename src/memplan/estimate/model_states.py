@@ -18,6 +18,8 @@ from ..facts.constants import constant
 from ..recipe import Recipe
 from ..units import dtype_bytes
 from .deepspeed_buffers import deepspeed_buffer_lines
+from .fsdp1_flat import flat_grad_holds, largest_grad_unit, mixes_frozen
+from .fsdp1_units import fsdp1_per_moment
 from .fsdp2_units import fsdp2_per_moment
 from .layout import Held, Stage
 from .lines import Line
@@ -121,6 +123,14 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
            if not recipe.loop.set_to_none else "")
     # torch gives a gradient its parameter's dtype: LoRA adapters keep the adapter dtype.
     grads = [(h, h.numel * (ab if h.adapter else gb)) for h in trainable]
+    flat_mix = mixes_frozen(stage, recipe)
+    if flat_mix:
+        # FSDP1: a unit's flat gradient covers its frozen tensors too, in the flat parameter's
+        # one dtype (fsdp1_flat.py; torch _flat_param.py _use_unsharded_views)
+        grads = [(h, h.numel * (ab if h.adapter or not h.trainable else gb))
+                 for h in flat_grad_holds(stage, recipe)]
+        why += f" (FSDP1 flat gradients, fsdp1_wrap={recipe.engine.fsdp1_wrap}: frozen " \
+               "parameters of mixed units included)"
     # DeepSpeed ZeRO-3 reduces each gradient into a flat partition buffer made at init
     # (deepspeed_buffers.py), which replaces the gradients that grow during the backward
     flat_grads = z == 3 and recipe.engine_kind == "deepspeed"
@@ -136,14 +146,19 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
             formula=f"the largest trainable tensor x {gb:g} B: each "
             "gradient is stepped and freed by its post-accumulate-grad hook (torchtune "
             "training/_memory.py register_optim_in_bwd_hooks) before the next one is made")
-    elif not flat_grads and fsdp2_per_moment(recipe) and not persistent:
-        # FSDP2 writes a block's sharded gradient at its post-backward, the root's at the end:
-        # fsdp2_units adds them per backward instant
-        add(Category.GRADIENTS, "gradients", grads, shard=True, phases=(O,),
-            formula=f"trainable elements x {gb:g} B (in the backward: fsdp2_units.py)")
+    elif not flat_grads and (fsdp2_per_moment(recipe) or fsdp1_per_moment(recipe)) \
+            and not persistent:
+        # FSDP2 and FSDP1 write a block's sharded gradient at its post-backward, the root's at
+        # the end: fsdp2_units / fsdp1_units add them per backward instant
+        add(Category.GRADIENTS, f"gradients{why}", grads, shard=True, phases=(O,),
+            formula=(f"elements of the FSDP1 units with a trainable parameter x {gb:g} B"
+                     if flat_mix else f"trainable elements x {gb:g} B")
+            + " (in the backward: fsdp2_units.py / fsdp1_units.py)")
     elif not flat_grads:
         add(Category.GRADIENTS, f"gradients{why}", grads, shard=z >= 2,
-            phases=grad_phases, grows=not persistent, formula=f"trainable elements x {gb:g} B")
+            phases=grad_phases, grows=not persistent,
+            formula=(f"elements of the FSDP1 units with a trainable parameter x {gb:g} B"
+                     if flat_mix else f"trainable elements x {gb:g} B"))
     if dt.master and z >= 1 and off == "none" and gb < 4:
         # DeepSpeed ZeRO-3 sub_group_size: the optimizer steps this many elements at a time
         limit = int(constant("ds_sub_group_elements")) if z == 3 else None
@@ -209,6 +224,8 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
     cb, gb = dtype_bytes(dt.compute), dtype_bytes(dt.grad)
     t_numel = sum(h.numel for h in trainable)
     deepspeed = recipe.engine_kind == "deepspeed"
+    # FSDP1's unsharded flat gradient is a whole unit, frozen elements included (fsdp1_flat.py)
+    g_unit = largest_grad_unit(stage, recipe) if mixes_frozen(stage, recipe) else None
     # DeepSpeed allocates its contiguous_gradients buckets whatever the world size: ZeRO-3 in
     # DeepSpeedZeroOptimizer_Stage3.__init__, ZeRO-1/2 in setup_buckets, called by the gradient
     # hooks that contiguous_gradients registers (stage_1_and_2.py __init__: "if
@@ -223,8 +240,8 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
             "gradient dtype, allocated once and kept (DeepSpeedZeroOptimizer_Stage3.__init__, "
             "deepspeed/runtime/zero/stage3.py, 0.19.8: 'if self.contiguous_gradients: "
             "bucket.buffer = torch.empty(self.reduce_bucket_size, ...)')"))
-    if fsdp2_per_moment(recipe):
-        pass  # gathered units and unit gradients per instant: fsdp2_units.py
+    if fsdp2_per_moment(recipe) or fsdp1_per_moment(recipe):
+        pass  # gathered units and unit gradients per instant: fsdp2_units.py, fsdp1_units.py
     elif recipe.parallelism.zero == 3 and recipe.parallelism.shard_degree > 1:
         unit = stage.largest_unit_numel
         gathered = max((sum(quantized_bytes(h.numel, h.tensor.shape[0], recipe.method.quant)
@@ -244,7 +261,8 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
             ub = cb if str(recipe.engine_kind) in ("fsdp1", "fsdp2", "torchtitan") else gb
             out.append(_line(
                 category=Category.COMMUNICATION, name="unsharded gradients of one unit",
-                bytes=math.ceil(min(unit, t_numel) * ub), phases=(B,),
+                bytes=math.ceil((min(unit, t_numel) if g_unit is None else g_unit) * ub),
+                phases=(B,),
                 formula="reduce-scatter input of the unit in backward (PyTorch FSDP notes)"))
     elif recipe.parallelism.zero in (1, 2) and recipe.parallelism.dp == 1 and deepspeed \
             and recipe.engine.contiguous_gradients and t_numel:

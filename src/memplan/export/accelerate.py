@@ -27,6 +27,9 @@ _PRECISION = {"no": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed", "fp8": 
 _OFFLOAD_DS = {"none": ("none", "none"), "optimizer": ("cpu", "none"),
                "params+optimizer": ("cpu", "cpu"), "nvme": ("nvme", "nvme")}
 _FSDP1_STRATEGY = {0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
+_PREFETCH = {"none": "NO_PREFETCH", "backward_pre": "BACKWARD_PRE",
+             "backward_post": "BACKWARD_POST"}
+"""fsdp1_backward_prefetch -> accelerate's ``fsdp_backward_prefetch``."""
 
 
 def accelerate_config(recipe: Recipe) -> dict[str, Any]:
@@ -63,6 +66,10 @@ def accelerate_config(recipe: Recipe) -> dict[str, Any]:
             "fsdp_offload_params": recipe.offload.kind == "params+optimizer",
             "fsdp_reshard_after_forward": reshard,
             "fsdp_state_dict_type": "SHARDED_STATE_DICT"}
+        if not v2:  # FSDP2 always uses the original parameters (accelerate warns if set)
+            cfg["fsdp_config"]["fsdp_use_orig_params"] = recipe.engine.use_orig_params
+            cfg["fsdp_config"]["fsdp_backward_prefetch"] = _PREFETCH[
+                str(recipe.engine.fsdp1_backward_prefetch)]
     elif engine == "ddp":
         if par.gpus > 1:
             cfg["distributed_type"] = "MULTI_GPU"
@@ -82,11 +89,39 @@ _MODELLED = {"distributed_type", "mixed_precision", "num_processes", "num_machin
              "deepspeed_config.offload_optimizer_device", "deepspeed_config.offload_param_device",
              "fsdp_config.fsdp_version", "fsdp_config.fsdp_offload_params",
              "fsdp_config.fsdp_reshard_after_forward", "fsdp_config.fsdp_sharding_strategy",
-             "fsdp_config.fsdp_activation_checkpointing"}
+             "fsdp_config.fsdp_activation_checkpointing", "fsdp_config.fsdp_use_orig_params",
+             "fsdp_config.fsdp_backward_prefetch",
+             "fsdp_config.fsdp_auto_wrap_policy"}
 _LAUNCH_ONLY = {"compute_environment", "debug", "downcast_bf16", "machine_rank",
                 "main_training_function", "rdzv_backend", "same_network", "tpu_env",
                 "tpu_use_cluster", "tpu_use_sudo", "main_process_ip", "main_process_port"}
 """Launcher settings with no effect on memory: neither modelled nor worth listing."""
+
+
+def _fsdp1_notes(fs: dict[str, Any], keys: dict[str, Any]) -> list[str]:
+    """Read ``fsdp_use_orig_params`` into ``keys``; say what the YAML leaves to the script."""
+    notes = []
+    prefetch = str(fs.get("fsdp_backward_prefetch", "NO_PREFETCH")).upper()
+    by_name = {v: k for k, v in _PREFETCH.items()}
+    if prefetch in by_name:
+        keys["fsdp1_backward_prefetch"] = by_name[prefetch]
+    else:
+        notes.append(f"fsdp_backward_prefetch={prefetch}: not one of {', '.join(by_name)}; "
+                     "none assumed")
+    if "fsdp_use_orig_params" in fs:
+        keys["use_orig_params"] = bool(fs["fsdp_use_orig_params"])
+    else:
+        notes.append("fsdp_use_orig_params absent: accelerate 1.15 defaults to false, the HF "
+                     "Trainer's fsdp_config to true; use_orig_params=true assumed")
+    wrap = str(fs.get("fsdp_auto_wrap_policy", "NO_WRAP"))
+    if wrap == "TRANSFORMER_BASED_WRAP":
+        notes.append("fsdp_auto_wrap_policy=TRANSFORMER_BASED_WRAP: the HF Trainer replaces it "
+                     "with PEFT's policy for a PEFT model (fsdp1_wrap=peft, assumed); a script "
+                     "of your own wraps LoRA layers whole: add --fsdp1-wrap layers")
+    else:
+        notes.append(f"fsdp_auto_wrap_policy={wrap}: not modelled; memplan's FSDP1 units are "
+                     "the transformer layers (TRANSFORMER_BASED_WRAP)")
+    return notes
 
 
 def read_text(text: str, where: str, hidden_size: int | None = None) -> Imported:
@@ -134,6 +169,8 @@ def read_text(text: str, where: str, hidden_size: int | None = None) -> Imported
             keys["offload"] = "params+optimizer"
         if fs.get("fsdp_activation_checkpointing"):
             keys["checkpointing"] = "full"
+        if not v2:
+            resolved += _fsdp1_notes(fs, keys)
     elif kind in ("MULTI_GPU", "NO"):
         keys["engine"] = "ddp"
         keys["zero"] = 0

@@ -53,6 +53,10 @@ def training_arguments(recipe: Recipe) -> dict[str, Any]:
                                       else _FSDP1[recipe.parallelism.zero]),
             "cpu_offload": recipe.offload.kind == "params+optimizer",
             "activation_checkpointing": full_ckpt}
+        if not v2:
+            args["fsdp_config"]["use_orig_params"] = recipe.engine.use_orig_params
+            args["fsdp_config"]["backward_prefetch"] = str(
+                recipe.engine.fsdp1_backward_prefetch).replace("none", "no_prefetch")
     elif engine == "ddp":
         args["gradient_checkpointing"] = full_ckpt
     else:
@@ -68,7 +72,8 @@ def export_text(recipe: Recipe, ctx: ExportContext) -> str:
 _MODELLED = {"per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16",
              "optim", "optim_args", "use_cpu", "gradient_checkpointing", "fsdp",
              "fsdp_config.version", "fsdp_config.reshard_after_forward",
-             "fsdp_config.cpu_offload", "fsdp_config.activation_checkpointing"}
+             "fsdp_config.cpu_offload", "fsdp_config.activation_checkpointing",
+             "fsdp_config.use_orig_params", "fsdp_config.backward_prefetch"}
 _NOT_MEMORY = {"output_dir"}
 
 
@@ -117,6 +122,11 @@ def read_text(text: str, where: str, hidden_size: int | None = None) -> Imported
             keys["reshard_after_forward"] = str(reshard).lower() == "true"
         else:
             keys["zero"] = {v: k for k, v in _FSDP1.items()}.get(str(reshard).lower(), 3)
+            # training_args.py: fsdp_config.get("use_orig_params", "true"); the Trainer wraps a
+            # PEFT model with PEFT's policy (update_fsdp_plugin_peft): fsdp1_wrap=peft
+            keys["use_orig_params"] = str(fs.get("use_orig_params", "true")).lower() == "true"
+            prefetch = str(fs.get("backward_prefetch", "no_prefetch")).lower()
+            keys["fsdp1_backward_prefetch"] = prefetch.replace("no_prefetch", "none")
         if fs.get("cpu_offload"):
             keys["offload"] = "params+optimizer"
         if fs.get("activation_checkpointing"):

@@ -47,7 +47,8 @@ def lightning_config(recipe: Recipe) -> dict[str, Any]:
                 "trainer": trainer}
     if engine == "fsdp1":
         kwargs = {"sharding_strategy": _FSDP1[par.zero],
-                  "cpu_offload": recipe.offload.kind == "params+optimizer"}
+                  "cpu_offload": recipe.offload.kind == "params+optimizer",
+                  "use_orig_params": recipe.engine.use_orig_params}
         return {"strategy": "FSDPStrategy", "strategy_kwargs": kwargs, "trainer": trainer}
     if engine == "ddp":
         return {"strategy": "DDPStrategy", "strategy_kwargs": {}, "trainer": trainer}
@@ -85,6 +86,8 @@ def read_text(text: str, where: str, hidden_size: int | None = None) -> Imported
                  "zero": by_name.get(str(kwargs.get("sharding_strategy", "FULL_SHARD")), 3)}
         if kwargs.get("cpu_offload"):
             keys["offload"] = "params+optimizer"
+        # FSDPStrategy passes it to FullyShardedDataParallel; Lightning 2.6 defaults it to true
+        keys["use_orig_params"] = bool(kwargs.get("use_orig_params", True))
     elif strategy == "DDPStrategy":
         keys |= {"engine": "ddp", "zero": 0}
     else:

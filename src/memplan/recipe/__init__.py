@@ -224,7 +224,7 @@ class Recipe:
             p.add("partition_activations with sequence_parallel: Megatron refuses "
                   "distribute_saved_activations under sequence parallelism (the layer input is "
                   "already split); drop one.")
-        engine_problems(p, self.engine, par, self.offload)
+        engine_problems(p, self.engine, par, self.offload, str(m.kind))
 
     @property
     def engine_kind(self) -> EngineKind:

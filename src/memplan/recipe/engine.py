@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from ..errors import Problems
     from .parts import Offload, Parallelism
 
-__all__ = ["EngineKind", "Engine", "resolve_engine", "engine_problems"]
+__all__ = ["EngineKind", "Engine", "Fsdp1Prefetch", "Fsdp1Wrap", "resolve_engine",
+           "engine_problems"]
 
 
 class EngineKind(StrEnum):
@@ -34,6 +35,36 @@ class EngineKind(StrEnum):
     DEEPSPEED = "deepspeed"
     MEGATRON = "megatron"
     TORCHTITAN = "torchtitan"
+
+
+class Fsdp1Wrap(StrEnum):
+    """FSDP1's auto-wrap policy: which modules form one ``FlatParameter`` (a unit)."""
+
+    PEFT = "peft"
+    """Each transformer layer is a unit and so is each leaf module with a trainable ``weight``
+    (a LoRA ``lora_A``/``lora_B``, DoRA's magnitude, an ln-tuning or ``modules_to_save`` copy,
+    the prompt encoder): PEFT 0.21.2 ``utils/other.py`` ``fsdp_auto_wrap_policy``, which the HF
+    Trainer installs for a PEFT model (transformers 5.23 ``distributed/fsdp.py``
+    ``update_fsdp_plugin_peft``), and llama-recipes' ``fsdp_utils.fsdp_auto_wrap_policy``.
+    Adapters never share a unit with the frozen base; with full fine-tuning it is ``layers``."""
+    LAYERS = "layers"
+    """Each transformer layer is a unit, adapters included (torch
+    ``transformer_auto_wrap_policy``; accelerate's ``TRANSFORMER_BASED_WRAP`` in a script of
+    your own): a LoRA layer's unit mixes frozen and trainable tensors, and its flat gradient
+    covers the frozen ones (``estimate/fsdp1_flat.py``)."""
+
+
+class Fsdp1Prefetch(StrEnum):
+    """FSDP1 ``backward_prefetch`` (torch ``BackwardPrefetch``)."""
+
+    NONE = "none"
+    """No prefetch: accelerate 1.15's default (``NO_PREFETCH``) and the HF Trainer's
+    (``training_args.py``: ``fsdp_config.get("backward_prefetch", "NO_PREFETCH")``)."""
+    BACKWARD_PRE = "backward_pre"
+    """At each unit's pre-backward, all-gather the unit that runs next in backward: two layers
+    gathered at once (torch ``_runtime_utils.py`` ``_get_handle_to_prefetch``)."""
+    BACKWARD_POST = "backward_post"
+    """All-gather the next unit at the current one's post-backward, after it is resharded."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -73,6 +104,18 @@ class Engine:
     """FSDP: free gathered parameters after each unit's forward (``FULL_SHARD``); false keeps
     them to the backward (``SHARD_GRAD_OP``)."""
 
+    fsdp1_wrap: Fsdp1Wrap = Fsdp1Wrap.PEFT
+    """FSDP1 auto-wrap policy: ``peft`` (PEFT's ``fsdp_auto_wrap_policy``: layers, adapters in
+    units of their own; what the HF Trainer and llama-recipes use) or ``layers``
+    (``transformer_auto_wrap_policy`` alone: adapters share their layer's unit, whose flat
+    gradient then covers the frozen weights too)."""
+    fsdp1_backward_prefetch: Fsdp1Prefetch = Fsdp1Prefetch.NONE
+    """FSDP1 ``backward_prefetch``: ``none`` (accelerate's and the HF Trainer's default),
+    ``backward_pre`` (one more layer gathered through the backward), ``backward_post``."""
+    use_orig_params: bool = True
+    """FSDP1 ``use_orig_params`` (the HF Trainer's default, ``training_args.py``). False: FSDP1
+    refuses a unit that mixes frozen and trainable tensors (torch ``_flat_param.py``)."""
+
     def __post_init__(self) -> None:
         check_part(self)
 
@@ -106,11 +149,34 @@ _OFFLOAD_OK: dict[EngineKind, tuple[str, ...]] = {
 }
 
 
-def engine_problems(p: Problems, engine: Engine, par: Parallelism, offload: Offload) -> None:
+_MIXED_UNDER_PEFT = ("ia3", "vera", "bitfit")
+"""Methods whose trainable tensors are not a leaf module's ``weight`` (IA3's ``ia3_l`` and
+VeRA's ``vera_lambda_*`` are ``ParameterDict`` entries of the adapted layer, BitFit trains the
+base biases), so PEFT's ``lambda_policy_fn`` leaves them in their layer's unit."""
+
+
+def fsdp1_mixes(method: str, wrap: str) -> bool:
+    """Whether FSDP1 units of a ``method`` run hold frozen and trainable tensors together under
+    the auto-wrap policy ``wrap`` (``Fsdp1Wrap``)."""
+    if method in ("full", "freeze"):
+        return False  # every tensor of a layer trains, or none does
+    return wrap == Fsdp1Wrap.LAYERS or method in _MIXED_UNDER_PEFT
+
+
+def engine_problems(p: Problems, engine: Engine, par: Parallelism, offload: Offload,
+                    method: str = "full") -> None:
     """Add a problem for each combination the named engine cannot run."""
     kind = engine.kind
     if kind == EngineKind.AUTO:
         return
+    if kind == EngineKind.FSDP1 and not engine.use_orig_params \
+            and fsdp1_mixes(method, engine.fsdp1_wrap):
+        p.add(f"use_orig_params=false with method={method} and fsdp1_wrap={engine.fsdp1_wrap}: "
+              "FSDP1 units would mix frozen and trainable tensors, which torch refuses "
+              "('Must flatten tensors with uniform requires_grad when use_orig_params=False', "
+              "_flat_param.py). Set use_orig_params=true"
+              + (", or fsdp1_wrap=peft (adapters in units of their own)."
+                 if method not in _MIXED_UNDER_PEFT else "."))
     stages = _ZERO_OK[kind]
     if par.zero not in stages:
         p.add(f"engine={kind} cannot run zero={par.zero}: it expresses zero in "

@@ -10,7 +10,8 @@ Forward FLOPs per token (multiply-add = 2 FLOPs):
 - logits: ``2 h V`` (tied or not).
 
 Training: backward = 2 x forward where weights train (activation + weight gradients), 1 x for
-frozen matmuls that still pass gradients down (LoRA base), 0 below the lowest trainable layer
+frozen matmuls that still pass gradients down (LoRA base; executed 2 x when FSDP1 flat units
+mix frozen and trainable weights, ``frozen_weight_grads``), 0 below the lowest trainable layer
 (``freeze``); the attention core's backward is 2 x its forward. Recomputation adds the forward of
 every layer (``full``) or of the attention core (``selective``, Korthikanti et al. 2022,
 arXiv 2205.05198 §5), or what the per-op policy does not save (``op``; ``recompute.py``).
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 
 from ..model.spec import Component, Layer, ModelSpec
 from ..recipe import Recipe
+from ..recipe.engine import fsdp1_mixes
 from .recompute import attention_recomputed, recompute_matmul_share
 
 __all__ = ["TokenFlops", "token_flops", "layer_matmul_flops", "attention_core_flops"]
@@ -95,12 +97,22 @@ def _causal_share(layer: Layer) -> float:
     return 1.0 if layer.kind == "encoder" else 0.5
 
 
+def frozen_weight_grads(recipe: Recipe) -> bool:
+    """The backward computes weight gradients of frozen layer weights too: FSDP1 units that
+    mix frozen and trainable tensors require a gradient as a whole (``estimate/fsdp1_flat.py``,
+    torch 2.13 ``_flat_param.py``). Executed, not model, FLOPs: the work is discarded."""
+    kind = str(recipe.method.kind)
+    return (kind not in ("full", "freeze") and str(recipe.engine_kind) == "fsdp1"
+            and fsdp1_mixes(kind, str(recipe.engine.fsdp1_wrap)))
+
+
 def token_flops(model: ModelSpec, recipe: Recipe) -> TokenFlops:
     """FLOPs per token of a training step of ``model`` under ``recipe`` (module docstring)."""
     n = model.num_layers
     freeze = recipe.method.kind == "freeze"
     first_trainable = n - recipe.method.freeze_trainable_layers if freeze else 0
     base_trains = recipe.method.kind == "full"
+    wasted = frozen_weight_grads(recipe)
     m_fwd = a_fwd = 0.0
     model_f = model_nc = executed = a_executed = 0.0
     for i, layer in enumerate(model.layers):
@@ -120,7 +132,7 @@ def token_flops(model: ModelSpec, recipe: Recipe) -> TokenFlops:
         model_f += m * (2 + w_grad) + 3 * a_model
         model_nc += m * (2 + w_grad) + 3 * a
         passes = 3 + (1 if attention_recomputed(recipe, i, n) else 0)
-        executed += m * (2 + w_grad) + passes * a_run
+        executed += m * (2 + max(w_grad, float(wasted))) + passes * a_run
         a_executed += passes * a_run
         executed += m * recompute_matmul_share(recipe, layer, i, n)
     head = 2.0 * model.hidden_size * model.vocab_size

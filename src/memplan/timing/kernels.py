@@ -36,7 +36,7 @@ from ..facts.constants import constants
 from ..model.spec import Component, Layer, ModelSpec, Split
 from ..recipe import Recipe
 from ..recipe.parallelism import Parallelism
-from .flops import _causal_share, attention_core_flops
+from .flops import _causal_share, attention_core_flops, frozen_weight_grads
 from .gemm import gemm_efficiency
 from .recompute import attention_recomputed, recompute_matmul_share
 
@@ -149,7 +149,8 @@ def kernel_seconds(model: ModelSpec, recipe: Recipe, device: Device, *, layers: 
         (eff_f, eff_b), note = attention_override, None
     n = model.num_layers
     first_trainable = n - recipe.method.freeze_trainable_layers if recipe.method.kind == "freeze" else 0
-    w_grad = 1.0 if recipe.method.kind in ("full", "freeze") else 0.0
+    w_grad = 1.0 if recipe.method.kind in ("full", "freeze") or frozen_weight_grads(recipe) \
+        else 0.0
     lin = att = 0.0
     for i in layers:
         layer = model.layers[i]

@@ -13,6 +13,19 @@ config it ran and every step's peaks per phase and moment.
   ``fsdp_reshard_after_forward``; ``fsdp_activation_checkpointing`` -> non-reentrant
   checkpointing of each block). ``accelerate launch`` itself cannot be used: on CPU it starts
   unsharded processes (``shared/facts/engines-on-cpu.md``).
+- ``fsdp1``: the accelerate YAML with ``fsdp_version: 1``, applied as accelerate 1.15's
+  ``Accelerator.prepare_model`` does: one ``FullyShardedDataParallel`` over the model with
+  ``sharding_strategy`` from ``fsdp_reshard_after_forward``, ``use_orig_params`` from
+  ``fsdp_use_orig_params``, ``mixed_precision: bf16`` -> ``MixedPrecision(param_dtype=bf16,
+  reduce_dtype=bf16, buffer_dtype=bf16)`` (``set_mixed_precision``, fsdp_version 1), the
+  plugin's defaults ``limit_all_gathers=True``, ``forward_prefetch=False``,
+  ``backward_prefetch`` from ``fsdp_backward_prefetch`` (``NO_PREFETCH``: None); the auto-wrap policy is the recipe's ``fsdp1_wrap``,
+  which the YAML cannot say: ``layers`` = ``TRANSFORMER_BASED_WRAP`` (``transformer_auto_wrap_
+  policy`` on ``_no_split_modules``), ``peft`` = PEFT's ``fsdp_auto_wrap_policy(model)``, which
+  the HF Trainer installs for a PEFT model (transformers ``update_fsdp_plugin_peft``).
+  ``fsdp_activation_checkpointing`` -> ``apply_activation_checkpointing`` with the non-reentrant
+  ``checkpoint_wrapper`` on the same policy. Neither FSDP harness wraps the forward in
+  accelerate's autocast (the parameters are already in the compute dtype).
 - ``deepspeed``: the ds_config JSON (``export --to deepspeed``) is passed to
   ``deepspeed.initialize`` as written, with one override recorded in the output:
   ``optimizer.params.torch_adam = true`` (no fused CPU Adam is built on this machine).
@@ -127,6 +140,69 @@ def _fsdp2(model: Any, cfg: dict[str, Any], optimizer_name: str) -> _Engine:
                    extra_params=lambda: [], extra_opt=lambda: [])
 
 
+def _backward_prefetch(name: Any) -> Any:
+    """accelerate's ``fsdp_backward_prefetch`` as torch's ``BackwardPrefetch`` (``NO_PREFETCH``
+    or absent: None, accelerate 1.15 ``FullyShardedDataParallelPlugin.__post_init__``)."""
+    from torch.distributed.fsdp import BackwardPrefetch
+
+    name = str(name or "NO_PREFETCH").upper()
+    return None if name == "NO_PREFETCH" else BackwardPrefetch[name]
+
+
+def _fsdp1(model: Any, cfg: dict[str, Any], recipe: Recipe) -> _Engine:
+    import functools
+
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    fsdp = cfg["fsdp_config"]
+    if fsdp.get("fsdp_version") != 1:
+        raise SystemExit(f"fsdp_version={fsdp.get('fsdp_version')}: this harness runs FSDP1")
+    if fsdp.get("fsdp_auto_wrap_policy") != "TRANSFORMER_BASED_WRAP":
+        raise SystemExit(f"fsdp_auto_wrap_policy={fsdp.get('fsdp_auto_wrap_policy')}: this "
+                         "harness runs TRANSFORMER_BASED_WRAP")
+    from peft import PeftModel
+
+    if str(recipe.engine.fsdp1_wrap) == "peft" and isinstance(model, PeftModel):
+        # transformers update_fsdp_plugin_peft: only for a PEFT model (on a plain one PEFT's
+        # lambda policy would make every leaf module with a trainable weight a unit)
+        from peft.utils.other import fsdp_auto_wrap_policy
+
+        policy = fsdp_auto_wrap_policy(model)
+    else:
+        names = set(getattr(model, "_no_split_modules", None) or [])
+        classes = {type(m) for m in model.modules() if type(m).__name__ in names}
+        policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=classes)
+    mp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.get("mixed_precision", "no"))
+    m = FSDP(model, sharding_strategy=ShardingStrategy[fsdp["fsdp_reshard_after_forward"]],
+             auto_wrap_policy=policy, device_id=torch.device("cpu"),
+             mixed_precision=(MixedPrecision(param_dtype=mp, reduce_dtype=mp, buffer_dtype=mp)
+                              if mp else None),
+             use_orig_params=bool(fsdp.get("fsdp_use_orig_params", False)),
+             limit_all_gathers=True, forward_prefetch=False,
+             backward_prefetch=_backward_prefetch(fsdp.get("fsdp_backward_prefetch")))
+    if fsdp.get("fsdp_activation_checkpointing"):
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
+
+        apply_activation_checkpointing(m, checkpoint_wrapper_fn=functools.partial(
+            checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+            auto_wrap_policy=policy)
+    from ..runtime.workload import _optimizer
+
+    opt = _optimizer(torch, str(recipe.optimizer.kind),
+                     [p for p in m.parameters() if p.requires_grad])
+
+    def forward(batch: dict) -> Any:
+        return m(**batch).loss
+
+    return _Engine(module=m, optimizer=opt, forward=forward,
+                   backward=lambda loss: loss.backward(), step=opt.step,
+                   zero_grad=lambda: opt.zero_grad(set_to_none=True),
+                   extra_params=lambda: [], extra_opt=lambda: [])
+
+
 def _deepspeed(model: Any, cfg: dict[str, Any]) -> _Engine:
     import deepspeed
 
@@ -202,7 +278,19 @@ def measure(eng: _Engine, batch: dict, steps: int, before: set[int]) -> list[dic
 
 
 def run_case(case: dict[str, Any], rank: int) -> dict[str, Any]:
-    """Build, wrap and measure one case of the plan on this rank."""
+    """Build, wrap and measure one case of the plan on this rank. ``F.linear`` is restored
+    after the case: DeepSpeed ZeRO-3 replaces it for the whole process ("This will persist
+    unless manually reset", ``partition_parameters.py`` ``_enable_mem_efficient_linear``,
+    0.19.8), and its ``LinearFunctionForZeroStage3`` saves a frozen linear's input, which put
+    131,072 B more on the FSDP1 LoRA cases that ran after it in one launch."""
+    linear = torch.nn.functional.linear
+    try:
+        return _run_case(case, rank)
+    finally:
+        torch.nn.functional.linear = linear
+
+
+def _run_case(case: dict[str, Any], rank: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     recipe = Recipe.from_dict(case["recipe"])
     engine = str(recipe.engine_kind)
@@ -219,11 +307,12 @@ def run_case(case: dict[str, Any], rank: int) -> dict[str, Any]:
     from ..runtime.workload import build_model
 
     single = recipe.with_keys(gpus=1, zero=0, offload="none", engine="auto",
-                              precision="32-true", checkpointing="none")
+                              precision="32-true", checkpointing="none", frozen_dtype="auto")
     before = {id(t) for t in _live_tensors()}
     model = build_model(case["model"], single, device="cpu", seed=0).model
     model.train()
     eng = (_deepspeed(model, cfg) if engine == "deepspeed"
+           else _fsdp1(model, cfg, recipe) if engine == "fsdp1"
            else _fsdp2(model, cfg, str(recipe.optimizer.kind)))
     torch.manual_seed(1 + rank)
     ids = torch.randint(0, model.config.vocab_size, (recipe.batch.micro_batch,

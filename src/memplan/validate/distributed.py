@@ -36,7 +36,7 @@ from . import BOUNDS, _host_bytes, _tiny
 __all__ = ["DistCase", "DistCaseResult", "DistReport", "RankResult", "dist_cases",
            "validate_distributed"]
 
-EXPORT_TARGET = {"fsdp2": "accelerate", "deepspeed": "deepspeed"}
+EXPORT_TARGET = {"fsdp2": "accelerate", "fsdp1": "accelerate", "deepspeed": "deepspeed"}
 """Engine -> the ``memplan export`` target whose file configures the run."""
 TIMEOUT_S = 900
 """Longest a torchrun launch may take before it is stopped."""
@@ -144,8 +144,9 @@ class DistCaseResult:
         return {
             "name": self.case.name, "engine": str(self.case.recipe.engine_kind),
             "nproc": self.case.recipe.parallelism.gpus, "configured_from": self.case.target,
-            "recipe": {k: r[k] for k in ("engine", "zero", "gpus", "precision", "optimizer",
-                                         "checkpointing", "offload", "micro_batch", "seq_len")},
+            "recipe": {k: r[k] for k in ("engine", "zero", "gpus", "method", "precision",
+                                         "optimizer", "checkpointing", "offload", "micro_batch",
+                                         "seq_len", "fsdp1_wrap", "use_orig_params")},
             "config": self.config_text, "overrides": list(self.overrides),
             "ranks": [x.to_dict() for x in self.ranks],
             "max_abs_error_pct": self.max_abs_error_pct, "ok": self.ok,

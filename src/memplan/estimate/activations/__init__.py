@@ -15,6 +15,7 @@ from ...recipe import Recipe
 from ...units import dtype_bytes
 from ..layout import Stage
 from ...facts import Dtypes
+from ...recipe.engine import fsdp1_mixes
 from ..peft import LORA_LIKE, adapted_roles
 from ...model.peft_targets import ia3_roles, ln_tuning_leaves
 from .blocks import Ctx
@@ -41,6 +42,10 @@ def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
     pbytes = half if gathered else dtype_bytes(dt.param)
     # gathered engines compute on param_dtype copies whatever the stored (frozen) dtype
     act = pbytes if full or gathered else dtype_bytes(dt.frozen)
+    # FSDP1 units that hold a layer's adapters with its frozen weights (fsdp1_flat.py): one
+    # flat parameter, cast to param_dtype as a whole (torch _flat_param.py), adapters included
+    flat_layers = str(recipe.engine_kind) == "fsdp1" and fsdp1_mixes(
+        str(m.kind), str(recipe.engine.fsdp1_wrap))
     lora = m.kind in ("lora", "qlora")
     adapted = m.kind in LORA_LIKE or m.kind == "ia3"
     seq = recipe.batch.seq_len + (m.virtual_tokens if m.kind == "prompt-tuning" else 0)
@@ -62,13 +67,15 @@ def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
                input_grad=m.kind == "adapter",
                embed_trained="embed" in m.modules_to_save and m.kind != "full",
                head_trained="lm_head" in m.modules_to_save and m.kind != "full",
-               adapter=int(dtype_bytes(recipe.method.adapter_dtype)),
+               adapter=int(half if flat_layers and gathered
+                           else dtype_bytes(recipe.method.adapter_dtype)),
                train_act=int(pbytes), loss=recipe.loss.kind,
                upcast_in_model=recipe.loss.logits_upcast == "model",
                upcast_in_loss=recipe.loss.logits_upcast != "none",
                gptq=m.kind == "qlora" and m.quant == "gptq-int4",
                sp=par.tp if par.sequence_parallel else 1, etp=par.expert_tp,
                capacity=float(par.moe_capacity_factor),
+               layer_weight_grads=flat_layers,
                compile=str(recipe.platform.compile_scope) if recipe.platform.compile else "",
                **_bnb_4bit(recipe, dt, int(half)))
 

@@ -146,8 +146,9 @@ class Blocks:
             self.g.op([xin], (mm_in,), kind="comm")
         y = self.new(t * n_out, c.half if c.amp else c.act,
                      grad=trained or x.grad or adapted or (bias and c.bias_trained))
-        keeps_input = trained or (quant and c.dequant_saves_input and xin.grad)
-        if keeps_input and not trained:  # on MatMul4Bit's ctx (``Ctx.dequant_saves_input``)
+        wgrad = trained or self._layer_weight_grad()
+        keeps_input = wgrad or (quant and c.dequant_saves_input and xin.grad)
+        if keeps_input and not wgrad:  # on MatMul4Bit's ctx (``Ctx.dequant_saves_input``)
             xin.held = self.g.group < 0
         saves = ([xin] if keeps_input else []) + (
             [w] if (w is not None and xin.grad and not quant) else [])
@@ -162,6 +163,12 @@ class Blocks:
             self.g.op([y], (rs,), kind="comm")
             y = rs
         return y
+
+    def _layer_weight_grad(self) -> bool:
+        """A frozen weight of a layer gets a gradient all the same (``Ctx.layer_weight_grads``:
+        FSDP1 flat parameters mixing frozen and trainable tensors, torch 2.13
+        ``_flat_param.py`` ``_use_unsharded_views``)."""
+        return self.c.layer_weight_grads and self.g.region.startswith("layer ")
 
     # -- norms ---------------------------------------------------------------------------------
     def _norm_trained(self, leaf: str) -> bool:
@@ -196,8 +203,9 @@ class Blocks:
             return self.cast(out, in_size)
         nc = self.cast(n, in_size)
         w_size = c.train_act if trained and not c.trained else c.act
-        out = self.new(t * h, max(in_size, w_size), nc.grad or trained)
-        self.g.op([nc, w], (out,), [nc] if trained else [], grads=(nc,), params=pg)
+        wg = trained or self._layer_weight_grad()
+        out = self.new(t * h, max(in_size, w_size), nc.grad or wg)
+        self.g.op([nc, w], (out,), [nc] if wg else [], grads=(nc,), params=pg)
         return out
 
     def layernorm(self, x: Tensor, h: int) -> Tensor:

@@ -72,6 +72,12 @@ class Ctx:
     gptq: bool = False
     """The frozen block linears are auto-gptq ``QuantLinear``s (``Method.quant = gptq-int4``):
     each dequantises its weight to fp16 before the matmul (``quant_ops.py``)."""
+    layer_weight_grads: bool = False
+    """Every weight of the layers gets a gradient although the base is frozen: FSDP1's flat
+    parameter of a unit mixing frozen and trainable tensors requires a gradient as a whole, so
+    its frozen views do too (``estimate/fsdp1_flat.py``), and each linear and norm of a layer
+    saves the input its weight gradient needs (``Blocks``, inside the layers: the root unit
+    of embedding, final norm and head stays frozen as a whole)."""
     compile: str = ""
     """``torch.compile``'s regions (``recipe.CompileScope``: ``blocks``, ``model``); '' eager."""
     dequant: tuple[int, int] = (0, 0)
