@@ -1,6 +1,6 @@
 """The expert-parallel all-to-all (``timing/comms.alltoall_s``): inside a node the ring
 formula over NVLink; across nodes each GPU's remote share leaves through its own NIC, because
-every destination gets distinct data (DeepEP README @edbb1bc: 47-59 GB/s per GPU with one
+every destination gets distinct data (DeepEP README @edbb1bc: 47-62 GB/s per GPU with one
 ~50 GB/s NIC each, internode EP 16-64)."""
 
 from __future__ import annotations

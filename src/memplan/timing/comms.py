@@ -69,8 +69,9 @@ def alltoall_s(nbytes: float, n: int, per_node: int, intra: Link, inter: Link
     carry together (``group_link``), every destination of an all-to-all gets distinct data, so
     a node must send ``per_node`` x the per-rank remote share out of ``per_node`` NICs: each
     GPU's remote share at one NIC's rate (``inter``). Measured: DeepEP's internode dispatch
-    on H800 with one CX7 400 Gb/s NIC per GPU (~50 GB/s) peaks at 47-59 GB/s "RDMA
-    bottleneck bandwidth" per GPU for EP 16-64, 153-158 GB/s over NVLink within a node
+    on H800 with one CX7 400 Gb/s NIC per GPU (~50 GB/s) reaches 47-59 GB/s (dispatch) and
+    51-62 GB/s (combine) "bottleneck bandwidth" per GPU for EP 16-64, 153-158 GB/s over NVLink
+    within a node
     (deepseek-ai/DeepEP README @edbb1bc, "Normal kernels with NVLink and RDMA forwarding";
     its logical figures exceed 50 because DeepEP sends a token once per node and forwards it
     over NVLink, which Megatron's NCCL all-to-all does not)."""
