@@ -20,13 +20,14 @@ Volumes (16-bit activations/parameters, Megatron §3 of Narayanan et al. 2021 / 
 - TP: 4 all-reduces of ``b s h`` per layer per micro-batch (2 forward, 2 backward; +2 with full
   recomputation); with sequence parallelism the same volume as reduce-scatter + all-gather;
 - CP: ring attention passes the local K and V ``cp - 1`` times forward, twice that backward;
-- EP: dispatch + combine all-to-all of ``b s top_k h`` per MoE layer, forward and backward;
+- EP: dispatch + combine all-to-all of ``b s top_k h`` per MoE layer, forward and backward
+  (``alltoall_s``: across nodes each GPU's remote share leaves through its own NIC);
 - PP: one ``b s h`` activation send per micro-batch per direction.
 """
 
 from __future__ import annotations
 
-__all__ = ["allreduce_s", "gather_s", "group_link", "Link"]
+__all__ = ["allreduce_s", "alltoall_s", "gather_s", "group_link", "Link"]
 
 
 class Link:
@@ -56,6 +57,35 @@ def gather_s(nbytes: float, n: int, link: Link) -> float | None:
     if not link.gb_per_s:
         return None
     return (n - 1) / n * nbytes / (link.gb_per_s * 1e9)
+
+
+def alltoall_s(nbytes: float, n: int, per_node: int, intra: Link, inter: Link
+               ) -> float | None:
+    """All-to-all time of ``nbytes`` per rank over ``n`` ranks, ``per_node`` of them in each
+    node: a rank keeps ``1/n`` of its data, sends ``(per_node - 1)/n`` over the intra-node link
+    and ``(n - per_node)/n`` through the network, both at once (the slower sets the time).
+
+    Unlike a ring all-gather, whose node-level traffic is shared data that the NICs of a node
+    carry together (``group_link``), every destination of an all-to-all gets distinct data, so
+    a node must send ``per_node`` x the per-rank remote share out of ``per_node`` NICs: each
+    GPU's remote share at one NIC's rate (``inter``). Measured: DeepEP's internode dispatch
+    on H800 with one CX7 400 Gb/s NIC per GPU (~50 GB/s) reaches 47-59 GB/s (dispatch) and
+    51-62 GB/s (combine) "bottleneck bandwidth" per GPU for EP 16-64, 153-158 GB/s over NVLink
+    within a node
+    (deepseek-ai/DeepEP README @edbb1bc, "Normal kernels with NVLink and RDMA forwarding";
+    its logical figures exceed 50 because DeepEP sends a token once per node and forwards it
+    over NVLink, which Megatron's NCCL all-to-all does not)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    per_node = max(1, min(per_node, n))
+    if per_node > 1 and not intra.gb_per_s:
+        return None
+    local = (per_node - 1) / n * nbytes / (intra.gb_per_s * 1e9) if per_node > 1 else 0.0
+    if per_node == n:
+        return local
+    if not inter.gb_per_s:
+        return None
+    return max(local, (n - per_node) / n * nbytes / (inter.gb_per_s * 1e9))
 
 
 def group_link(inner: int, size: int, local: int, intra: Link, inter: Link) -> Link:

@@ -11,7 +11,8 @@ Per stage and step (``m`` micro-batches; the stage's layers only, its own parame
   recomputed: ``full``'s checkpointed layers, every layer under ``op``);
 - **EP** (Megatron-Core ``MoEAlltoAllTokenDispatcher``, ``megatron/core/transformer/moe/
   token_dispatcher.py`` @0014f13): per MoE layer and pass an all-to-all over the ``ep`` group of
-  the rank's ``b s/tp x top_k`` routed tokens (dispatch, and combine) and, with ``etp > 1``, an
+  the rank's ``b s/tp x top_k`` routed tokens (dispatch, and combine; across nodes at one NIC per
+  GPU for the remote share, ``comms.alltoall_s``) and, with ``etp > 1``, an
   all-gather / reduce-scatter over the expert-TP group of ``etp`` times that; forward and
   backward (+ the recomputed forward as for TP). The EP group's stride is ``etp`` (expert rank
   order ``tp-ep-dp-pp`` with the expert TP innermost, ``parallel_state.initialize_model_parallel``);
@@ -38,7 +39,7 @@ from ..hardware.node_hardware import NodeHardware
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
 from ..recipe.host import HostSetup
-from .comms import Link, allreduce_s, gather_s, group_link
+from .comms import Link, allreduce_s, alltoall_s, gather_s, group_link
 from .kernels import kernel_seconds
 from .overlap import DpOverlap, dp_overlap
 from .pipeline import StageLoad
@@ -227,7 +228,8 @@ def stage_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardwar
     if moe:
         top_k = model.layers[moe[0]].ffn.top_k  # type: ignore[union-attr]
         routed = act / tp * top_k   # the rank's sequence-parallel shard, top_k copies
-        per_pass = (t(gather_s(routed, ep, links["ep"]), "EP link")
+        per_node = min(ep, max(1, local // etp))   # EP ranks (stride etp) in one node
+        per_pass = (t(alltoall_s(routed, ep, per_node, intra, inter), "EP link")
                     + t(gather_s(routed * etp, etp, links["etp"]), "EP link"))
         moe_again = again * len(moe) / max(n_layers, 1)
         t_ep = per_pass * (4 * len(moe) + 2 * moe_again) * m
