@@ -239,8 +239,7 @@ _IMPL = {"auto": {}, "foreach": {"foreach": True}, "for-loop": {"foreach": False
 
 def _optimizer(torch: Any, name: str, params: list[Any], impl: str = "auto") -> Any:
     if impl not in _IMPL:  # foreach-torch2.0: a path this torch no longer has
-        raise TraceError(f"optimizer_impl={impl} describes torch < 2.1's foreach step, which "
-                         "this torch does not run; measure or trace with optimizer_impl=foreach.")
+        raise TraceError(f"optimizer_impl={impl} is torch < 2.1's step; use optimizer_impl=foreach.")
     kw = _IMPL[impl]
     if name == "adamw":
         return torch.optim.AdamW(params, lr=_LR, **kw)
