@@ -33,9 +33,10 @@ from ..model.spec import Component, Layer, ModelSpec, Split
 from ..recipe import Recipe
 from ..recipe.parallelism import Parallelism
 from .flops import _causal_share, attention_core_flops
-from .recompute import attention_recomputed, recompute_matmul_share
+from .recompute import attention_recomputed, recompute_inputs, recompute_matmul_share
 
-__all__ = ["KernelTime", "attention_efficiency", "gemm_seconds", "kernel_seconds"]
+__all__ = ["KernelTime", "attention_efficiency", "gemm_seconds", "kernel_seconds",
+           "kernel_inputs"]
 
 _NOT_MATMUL = (Component.NORM, Component.EMBEDDING)
 
@@ -114,6 +115,15 @@ def _split_gemm(gemm, m: float, i: float, o: float, split: Split, n: int) -> flo
     if split is Split.ROW:
         return gemm(m, i / n, o)
     return gemm(m / n, i, o)
+
+
+def kernel_inputs(recipe: Recipe) -> tuple[object, ...]:
+    """Every recipe field ``kernel_seconds`` reads (its keyword arguments and the device
+    aside): a memo key for a caller timing many recipes of one model (``memplan plan``)."""
+    par, m = recipe.parallelism, recipe.method
+    return (par.tp, par.cp, par.ep, par.expert_tp, par.moe_capacity_factor,
+            recipe.batch.micro_batch, recipe.batch.seq_len, m.kind,
+            m.freeze_trainable_layers if m.kind == "freeze" else 0, *recompute_inputs(recipe))
 
 
 def kernel_seconds(model: ModelSpec, recipe: Recipe, device: Device, *, layers: range,
