@@ -170,6 +170,7 @@ class _State:
         self.temp = 0
         self.grads = 0
         self.points: dict[tuple[str, str], Point] = {}
+        self.best: dict[tuple[str, str], int] = {}  # each point's total, kept beside it
         self.order: list[tuple[str, str]] = []
 
     def alloc(self, t: Tensor, kind: str) -> None:
@@ -193,13 +194,17 @@ class _State:
 
     def mark(self, phase: str, region: str, extra_temp: int = 0) -> None:
         key = (phase, region)
-        p = self.points.get(key)
-        if p is None:
-            p = self.points[key] = Point(phase, region)
+        best = self.best.get(key)
+        if best is None:
+            self.points[key] = Point(phase, region)
             self.order.append(key)
+            best = 0
         temp = self.temp + extra_temp
-        if self.saved + temp + self.grads > p.saved + p.temp + p.grads:
+        total = self.saved + temp + self.grads
+        if total > best:
+            p = self.points[key]
             p.saved, p.temp, p.grads = self.saved, temp, self.grads
+            self.best[key] = total
 
 
 def simulate(graph: Graph) -> list[Point]:
@@ -266,7 +271,12 @@ def simulate(graph: Graph) -> list[Point]:
                     st.alloc(t, "saved")
                     remaining[t] = remaining.get(t, 0) + 1
             _recompute(group_ops[op.group], st, remaining)
-        flowing = op is last or any(t in grad_of for t in op.outputs)
+        flowing = op is last
+        if not flowing:
+            for t in op.outputs:
+                if t in grad_of:
+                    flowing = True
+                    break
         cast = 0
         tied_head = accumulate and tied and op is tied[1]
         if flowing:
@@ -293,15 +303,20 @@ def simulate(graph: Graph) -> list[Point]:
             if held is not None and op is tied[0]:
                 extra += held.nbytes  # the two summed out of place (measured: 3 copies live)
             st.mark("backward", op.region, extra)
-        fused = [grad_of[t] for t in op.grad_inputs
-                 if not t.nbytes and not t.external and t in grad_of]
+        fused = None  # the first gradient a fused backward kernel's chain link reads
+        for t in op.grad_inputs:
+            if not t.nbytes and not t.external and t in grad_of:
+                fused = grad_of[t]
+                break
         for t in op.outputs:
             g = grad_of.pop(t, None)
             if g is not None:
-                if fused:  # read by a fused kernel (compiled.py) until its chain ends
-                    waiting.setdefault(fused[0], []).append(g)
-                else:
+                if fused is not None:  # read by a fused kernel (compiled.py) until its chain ends
+                    waiting.setdefault(fused, []).append(g)
+                elif waiting:
                     _release(g, st, waiting)
+                else:
+                    st.free(g)
         for t in op.saves:
             n = remaining.get(t)
             if n is not None:
@@ -334,19 +349,44 @@ def _run_forward(ops: list[Op], st: _State, phase: str, held: dict[Tensor, int],
                  hold_kept: bool) -> None:
     """Run ``ops`` forward: allocate outputs, then free every tensor past its last use that
     nothing holds (``held``: pending saves; ``hold_kept``: also tensors marked ``keep``)."""
+    # _State.alloc, .mark and .free inlined (the simulator's hot loop), with the same effect
     last_use: dict[Tensor, int] = {}
     for i, op in enumerate(ops):
         for t in op.inputs:
             last_use[t] = i
     get, used = held.get, last_use.get
+    live, points, best, order = st.live, st.points, st.best, st.order
+    pop = live.pop
+    saved, temp, grads = st.saved, st.temp, st.grads
     for i, op in enumerate(ops):
         for t in op.outputs:
-            st.alloc(t, "saved" if get(t) else "temp")
-        st.mark(phase, op.region)
+            if not t.external and t not in live:
+                if get(t):
+                    live[t] = True
+                    saved += t.nbytes
+                else:
+                    live[t] = False
+                    temp += t.nbytes
+        key = (phase, op.region)
+        b = best.get(key)
+        if b is None:
+            points[key] = Point(phase, op.region)
+            order.append(key)
+            b = 0
+        if saved + temp + grads > b:
+            p = points[key]
+            p.saved, p.temp, p.grads = saved, temp, grads
+            best[key] = saved + temp + grads
         for ts in (op.inputs, op.outputs):
             for t in ts:
                 if used(t, -1) <= i and not (hold_kept and t.keep) and not get(t):
-                    st.free(t)
+                    was = pop(t, None)
+                    if was is not None:
+                        if was:
+                            saved -= t.nbytes
+                        else:
+                            temp -= t.nbytes
+    st.saved, st.temp = saved, temp
 
 
 def _with_stashes(ops: list[Op], group_inputs: dict[int, list[Tensor]], fraction: float,
