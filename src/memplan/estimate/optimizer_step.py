@@ -39,7 +39,7 @@ from ..facts import Dtypes
 __all__ = ["optimizer_step_items"]
 
 def optimizer_step_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]:
-    trainable = [h for h in stage.held if h.trainable]
+    trainable = stage.trainable
     if not trainable or recipe.offload.kind != "none":
         return []
     sb = dtype_bytes(dt.state if dt.state in ("fp32", "bf16", "fp16") else "fp32")
@@ -63,7 +63,7 @@ def optimizer_step_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]
                         formula="optimizer in backward: one optimizer per parameter, so the "
                         "foreach copy covers one tensor (the largest)"))
     elif impl == "foreach" and facts.foreach_copy:
-        n = sum(h.numel for h in trainable) // shard
+        n = stage.trainable_numel // shard
         out.append(Item(category=Category.TEMPORARY, name="foreach Adam sqrt(exp_avg_sq) copy",
                         bytes=int(n * sb),
                         formula="one state-sized copy of every trainable tensor "

@@ -75,6 +75,9 @@ def cpu_checkpoint_bytes(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtyp
     """Host bytes per rank of DeepSpeed ``cpu_checkpointing`` (``policy.host_checkpoint_bytes``):
     a layer's input is the residual stream, ``tokens / sp x hidden`` in the model's activation
     dtype (``Ctx.act``, the dtype the graph gives it)."""
+    c = recipe.checkpointing
+    if c.kind != "full" or not c.cpu_checkpointing:  # host_checkpoint_bytes is 0
+        return 0
     ctx = _context(spec, recipe, dt)
     per_layer = ctx.tokens // ctx.sp * spec.hidden_size * ctx.act
     return host_checkpoint_bytes(recipe.checkpointing, len(stage.layers), per_layer,

@@ -194,14 +194,12 @@ class _State:
 
     def mark(self, phase: str, region: str, extra_temp: int = 0) -> None:
         key = (phase, region)
-        best = self.best.get(key)
-        if best is None:
-            self.points[key] = Point(phase, region)
+        if key not in self.best:
+            self.points[key], self.best[key] = Point(phase, region), 0
             self.order.append(key)
-            best = 0
         temp = self.temp + extra_temp
         total = self.saved + temp + self.grads
-        if total > best:
+        if total > self.best[key]:
             p = self.points[key]
             p.saved, p.temp, p.grads = self.saved, temp, self.grads
             self.best[key] = total
@@ -370,9 +368,8 @@ def _run_forward(ops: list[Op], st: _State, phase: str, held: dict[Tensor, int],
         key = (phase, op.region)
         b = best.get(key)
         if b is None:
-            points[key] = Point(phase, op.region)
+            points[key], best[key], b = Point(phase, op.region), 0, 0
             order.append(key)
-            b = 0
         if saved + temp + grads > b:
             p = points[key]
             p.saved, p.temp, p.grads = saved, temp, grads
