@@ -141,3 +141,21 @@ def test_the_cheaper_route_gives_the_same_points() -> None:
             assert _rows(fast[0]) == _rows(whole[0]) and fast[1] == whole[1], (pp, st.index)
     shorts = {(k[-6], k[-5]) for k in memo if isinstance(k, tuple) and k[0] == "short"}
     assert shorts == {(True, False), (False, True)}  # (first, last): no middle stage's
+
+
+@pytest.mark.parametrize("model", ["meta-llama/Llama-3.1-8B", "mistralai/Mixtral-8x7B-v0.1",
+                                   "openai-community/gpt2"])
+def test_traffic_shared_across_stage_lengths_equals_each_stages_own(model: str) -> None:
+    """``stage_traffic`` with one memo across pipeline degrees (the two-layer graph kept per
+    layer kind and context, read for every stage length and position) equals each stage's
+    traffic computed without a memo, to the last bit."""
+    from memplan.estimate.activations import stage_traffic
+
+    spec = load_model(model)
+    memo: dict[object, object] = {}
+    for pp, ck in itertools.product([1, 2, 4], ["none", "full"]):
+        r = Recipe.of(gpus=pp, pp=pp, seq_len=128, micro_batch=2, checkpointing=ck)
+        for st in layout(spec, r):
+            assert stage_traffic(spec, st, r, dtypes(r), memo) == \
+                stage_traffic(spec, st, r, dtypes(r)), (pp, ck, st.index)
+    assert any(isinstance(k, tuple) and k[0] == "two_layer_traffic" for k in memo)
