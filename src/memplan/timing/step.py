@@ -58,7 +58,7 @@ from ..results.time import validation_band
 from .calibration import Calibration
 from .comms import Link
 from .flops import token_flops
-from .kernels import attention_efficiency
+from .kernels import attention_efficiency, method_inputs
 from .pipeline import StageLoad, pipeline_step
 from .recompute import full_share, recompute_inputs
 from .stage import Rates, stage_time
@@ -205,9 +205,7 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     m, v = recipe.batch.grad_accum, par.pp_virtual
     tokens_replica = recipe.batch.micro_batch * recipe.batch.seq_len * m
     split = tp * pp * cp
-    meth = recipe.method
-    fl = _memo(memo, ("token_flops", recipe.batch.seq_len, meth.kind,
-                      meth.freeze_trainable_layers if meth.kind == "freeze" else 0,
+    fl = _memo(memo, ("token_flops", recipe.batch.seq_len, *method_inputs(recipe),
                       *recompute_inputs(recipe)), lambda: token_flops(model, recipe))
     notes: list[str] = []
     if stages is None:
