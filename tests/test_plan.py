@@ -3,6 +3,7 @@ CLI's tables/JSON/--save-best, and bad input (exit 2, no traceback)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 
@@ -60,10 +61,12 @@ def test_plan_numbers_equal_estimate_on_random_candidates(model: str, gpus: int,
 def test_plan_ranks_fitting_fastest_first_and_pareto_is_nondominated() -> None:
     spec = load_model("meta-llama/Llama-3.2-1B")
     cluster = Cluster(gpu="H100-80GB", gpus=2, gpus_per_node=2)
+    before = gc.get_threshold()
     res = plan(spec, Recipe.of(seq_len=2048), cluster, fixed=frozenset({"seq_len"}),
                global_batch=4)
     best = res.ranked
     assert best and all(e.fits for e in best)
+    assert gc.get_threshold() == before  # the search's larger threshold is put back
     speeds = [e.tokens_per_second for e in best]
     assert speeds == sorted(speeds, reverse=True)
     front = res.pareto

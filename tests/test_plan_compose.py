@@ -10,6 +10,7 @@ import itertools
 import pytest
 
 from memplan.errors import ConfigError
+from memplan.estimate import activations
 from memplan.estimate.activations import stage_points
 from memplan.estimate.layout import layout
 from memplan.facts import dtypes
@@ -19,6 +20,13 @@ from memplan.recipe import Recipe
 
 def _rows(points: list) -> list[tuple]:  # type: ignore[type-arg]
     return [(p.phase, p.region, p.saved, p.temp, p.grads) for p in points]
+
+
+@pytest.fixture
+def always_compose(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compose every stage the composition covers, even where simulating the whole stage is
+    cheaper (``_compose_pays``), so the composition itself is what is compared."""
+    monkeypatch.setattr(activations, "_compose_pays", lambda new, length: True)
 
 
 def _memo_equals_whole(spec, r: Recipe, where: tuple) -> dict[object, object]:
@@ -32,6 +40,7 @@ def _memo_equals_whole(spec, r: Recipe, where: tuple) -> dict[object, object]:
     return memo
 
 
+@pytest.mark.usefixtures("always_compose")
 @pytest.mark.parametrize("model", ["meta-llama/Llama-3.2-1B", "deepseek-ai/DeepSeek-V2-Lite",
                                    "openai-community/gpt2", "google/gemma-2-2b"])
 def test_composed_stage_points_equal_the_whole_simulation(model: str) -> None:
@@ -52,6 +61,7 @@ def test_composed_stage_points_equal_the_whole_simulation(model: str) -> None:
         assert composed > 0
 
 
+@pytest.mark.usefixtures("always_compose")
 @pytest.mark.parametrize("model", ["meta-llama/Llama-3.2-1B", "openai-community/gpt2",
                                    "deepseek-ai/DeepSeek-V2-Lite"])
 def test_periodic_checkpointing_composes_and_equals_the_whole_simulation(model: str) -> None:
@@ -113,3 +123,39 @@ def test_flash_keeps_its_own_key_under_multi_head_latent_attention() -> None:
     from memplan.estimate.activations import graph_attention
 
     assert graph_attention(load_model("deepseek-ai/DeepSeek-V2-Lite"), "flash") == "flash"
+
+
+def test_the_cheaper_route_gives_the_same_points() -> None:
+    """``_compose_pays``: a stage shorter than the short simulations it would need is simulated
+    whole, unless those simulations are already kept (then it is composed from them); either
+    route gives the same points, and both are taken here (8-layer stages of Llama-3.1-8B's
+    pp=4 after the 16-layer ones of pp=2 kept the short simulations of the first and last
+    stages; the middle stages' are never run)."""
+    spec = load_model("meta-llama/Llama-3.1-8B")
+    memo: dict[object, object] = {}
+    for pp in (2, 4):
+        r = Recipe.of(gpus=pp, pp=pp, seq_len=128, micro_batch=1, checkpointing="selective")
+        for st in layout(spec, r):
+            whole = stage_points(spec, st, r, dtypes(r))
+            fast = stage_points(spec, st, r, dtypes(r), memo)
+            assert _rows(fast[0]) == _rows(whole[0]) and fast[1] == whole[1], (pp, st.index)
+    shorts = {(k[-6], k[-5]) for k in memo if isinstance(k, tuple) and k[0] == "short"}
+    assert shorts == {(True, False), (False, True)}  # (first, last): no middle stage's
+
+
+@pytest.mark.parametrize("model", ["meta-llama/Llama-3.1-8B", "mistralai/Mixtral-8x7B-v0.1",
+                                   "openai-community/gpt2"])
+def test_traffic_shared_across_stage_lengths_equals_each_stages_own(model: str) -> None:
+    """``stage_traffic`` with one memo across pipeline degrees (the two-layer graph kept per
+    layer kind and context, read for every stage length and position) equals each stage's
+    traffic computed without a memo, to the last bit."""
+    from memplan.estimate.activations import stage_traffic
+
+    spec = load_model(model)
+    memo: dict[object, object] = {}
+    for pp, ck in itertools.product([1, 2, 4], ["none", "full"]):
+        r = Recipe.of(gpus=pp, pp=pp, seq_len=128, micro_batch=2, checkpointing=ck)
+        for st in layout(spec, r):
+            assert stage_traffic(spec, st, r, dtypes(r), memo) == \
+                stage_traffic(spec, st, r, dtypes(r)), (pp, ck, st.index)
+    assert any(isinstance(k, tuple) and k[0] == "two_layer_traffic" for k in memo)

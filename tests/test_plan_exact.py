@@ -28,14 +28,20 @@ def _numbers(e: Evaluated) -> tuple[object, ...]:
 @pytest.mark.parametrize("model,gpus,seq,load", [("meta-llama/Llama-3.2-1B", 16, 8192, "sharded"),
                                                  ("Qwen/Qwen2.5-0.5B", 8, 4096, "rank0"),
                                                  ("deepseek-ai/DeepSeek-V2-Lite", 8, 2048,
-                                                  "meta")])
+                                                  "meta"),
+                                                 ("mistralai/Mixtral-8x7B-v0.1", 8, 4096,
+                                                  "sharded")])
 def test_plan_equals_estimate_on_more_random_candidates(model: str, gpus: int, seq: int,
                                                         load: str) -> None:
     """60 candidates drawn at random after the memo has been warmed on 150 others: each
     equals a fresh ``estimate_from_names`` with the same host setup, fitting or not. The
     evaluator's fast path is what is compared: host RAM and NVMe from ``host_of`` and step
     time without a ``Breakdown``, flash sharing sdpa's simulations (not under DeepSeek's
-    multi-head latent attention), periodic checkpointing composed per unit of layers."""
+    multi-head latent attention), periodic checkpointing composed per unit of layers, stages
+    composed or simulated whole (whichever is cheaper given the memo), the two-layer traffic
+    graph shared by stage lengths and positions, and the kernel times, FLOPs per token and
+    per-token HBM bytes kept under the recipe fields they read (Mixtral: expert parallelism,
+    expert TP and capacity in the kernel key)."""
     spec = load_model(model)
     setup = HostSetup(load=load)
     cluster = Cluster(gpu="H100-80GB", gpus=gpus, gpus_per_node=8, node="DGX-H100")

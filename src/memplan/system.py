@@ -31,10 +31,8 @@ def stage_loads(model: ModelSpec, recipe: Recipe,
     dt = dtypes(recipe)
     try:
         stages = layout(model, recipe, memo)
-        return [StageLoad(layers=st.layers,
-                          trainable=float(sum(h.numel for h in st.held if h.trainable)),
-                          expert_trainable=float(sum(h.numel for h in st.held
-                                                     if h.trainable and h.expert)),
+        return [StageLoad(layers=st.layers, trainable=float(st.trainable_numel),
+                          expert_trainable=float(st.expert_trainable_numel),
                           traffic=stage_traffic(model, st, recipe, dt, memo))
                 for st in stages]
     except UnsupportedModel:

@@ -69,7 +69,7 @@ def _count_trainable(model: ModelSpec, recipe: Recipe, memo: dict[object, object
     # engine reset too: a named engine may refuse zero=0 (fsdp2 only runs zero=3)
     whole = replace(recipe, parallelism=Parallelism(), offload=Offload(), engine=Engine(),
                     checkpointing=Checkpointing())
-    return sum(h.numel for h in layout(model, whole, memo)[0].held if h.trainable)
+    return layout(model, whole, memo)[0].trainable_numel
 
 
 _trainable = trainable_params

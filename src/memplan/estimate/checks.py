@@ -31,8 +31,8 @@ def check_compatible(model: ModelSpec, recipe: Recipe) -> None:
     if par.pp > max(1, model.num_layers):
         p.add(f"pp={par.pp} is larger than the {model.num_layers} layers of {model.id}; "
               f"every pipeline stage needs at least one layer. Use pp <= {model.num_layers}.")
-    experts = max((t.experts for t in model.tensors), default=1)
     if par.ep > 1:
+        experts = max((t.experts for t in model.tensors), default=1)
         if experts <= 1:
             p.add(f"ep={par.ep} but {model.id} has no routed experts (not a MoE model). "
                   "Use ep=1.")

@@ -8,7 +8,7 @@ tensor they adapt, or with the embedding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..model.spec import Component, ModelSpec, Split, Tensor, is_head_weight
 from ..recipe import Recipe
@@ -42,6 +42,31 @@ class Stage:
     held: tuple[Held, ...]
     units: tuple[tuple[Held, ...], ...] = ()
     """This stage's ZeRO-3/FSDP units on one rank: the embedding, each layer, the head."""
+    trainable: tuple[Held, ...] = field(init=False, compare=False, default=())
+    """The ``held`` tensors that train (summed once: ``memplan plan`` reads a stage, kept in
+    ``layout``'s memo, for every candidate that shares it)."""
+    trainable_numel: int = field(init=False, compare=False, default=0)
+    """``sum(h.numel for h in held if h.trainable)``."""
+    expert_trainable_numel: int = field(init=False, compare=False, default=0)
+    """``sum(h.numel for h in held if h.trainable and h.expert)``."""
+    unit_numels: tuple[int, ...] = field(init=False, compare=False, default=())
+    """Elements of each unit, in order."""
+    held_numel: int = field(init=False, compare=False, default=0)
+    """``sum(h.numel for h in held)``."""
+    largest_tensor_numel: int = field(init=False, compare=False, default=0)
+    """Elements of the largest held tensor not quantized (0: none)."""
+
+    def __post_init__(self) -> None:
+        trainable = tuple(h for h in self.held if h.trainable)
+        for name, value in (
+                ("trainable", trainable),
+                ("trainable_numel", sum(h.numel for h in trainable)),
+                ("expert_trainable_numel", sum(h.numel for h in trainable if h.expert)),
+                ("unit_numels", tuple(sum(h.numel for h in u) for u in self.units)),
+                ("held_numel", sum(h.numel for h in self.held)),
+                ("largest_tensor_numel",
+                 max((h.numel for h in self.held if not h.quantized), default=0))):
+            object.__setattr__(self, name, value)
 
     @property
     def largest_unit_numel(self) -> int:

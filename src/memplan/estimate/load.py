@@ -99,8 +99,8 @@ def engine_transient(stage: Stage, recipe: Recipe, dt: Dtypes, load: str) -> tup
     - DDP / no sharding: the whole model is on the GPU, which is what the step holds: nothing.
     """
     engine = recipe.engine_kind
-    units = [sum(h.numel for h in u) for u in stage.units] or [sum(h.numel for h in stage.held)]
-    largest_tensor = max((h.numel for h in stage.held if not h.quantized), default=0)
+    units = list(stage.unit_numels) or [stage.held_numel]
+    largest_tensor = stage.largest_tensor_numel
     pb = dtype_bytes(dt.param)
     z = recipe.parallelism.zero
     if engine == "fsdp1" and z:
@@ -117,7 +117,7 @@ def engine_transient(stage: Stage, recipe: Recipe, dt: Dtypes, load: str) -> tup
         return (largest_tensor * pb, "zero.Init load: one module's parameters gathered "
                 "(GatheredParameters)")
     if engine == "deepspeed" and z in (1, 2):
-        flat = sum(h.numel for h in stage.held if h.trainable) * pb
+        flat = stage.trainable_numel * pb
         return flat, "ZeRO-1/2 init: 16-bit parameters flattened on the GPU (stage_1_and_2.py)"
     return 0, ""
 

@@ -46,7 +46,7 @@ memory due to intermediates", pytorch/pytorch#97712; minimised to one intermedia
 (Adam) and #104898 (AdamW), July 2023, first released in torch 2.1)."""
 
 def optimizer_step_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]:
-    trainable = [h for h in stage.held if h.trainable]
+    trainable = stage.trainable
     if not trainable or recipe.offload.kind != "none":
         return []
     sb = dtype_bytes(dt.state if dt.state in ("fp32", "bf16", "fp16") else "fp32")

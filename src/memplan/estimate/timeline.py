@@ -87,6 +87,10 @@ def peak_allocated(lines: Sequence[Line], instants: Sequence[Instant] = ()) -> i
             whole = fixed + sum(growing)
             if not mine:
                 totals.append(whole)
+            elif len(growing) == 1:  # the usual case, without the inner sum
+                g = growing[0]
+                totals.append(max([(fixed + round(g * i.progress) if i.progress < 1.0
+                                    else whole) + i.items_bytes for i in mine]))
             elif growing:
                 for inst in mine:
                     p = inst.progress

@@ -8,8 +8,10 @@ them (``rank.py``). ``size`` (``size.py``) finds the smallest cluster that fits.
 
 from __future__ import annotations
 
+import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -103,6 +105,35 @@ def plan(spec: ModelSpec, base: Recipe, cluster: Cluster, *, fixed: frozenset[st
     Raises:
         ConfigError: the search space is empty (the reasons: batch, degrees, fixed keys).
     """
+    with _fewer_collections():
+        return _plan(spec, base, cluster, fixed=fixed, global_batch=global_batch, setup=setup,
+                     progress=progress, evaluator=evaluator, only=only, workers=workers)
+
+
+GC_GEN0 = 100_000
+"""First-generation threshold of CPython's collector during a search (default 700). The op
+graphs a search builds and drops are millions of small objects freed by reference counting,
+while the evaluator's memo only grows; at the default threshold the collector keeps
+re-scanning that memo (gc module docs: collections are triggered by allocations minus
+deallocations exceeding the threshold). Measured on the 8B 1 x 8 search: 27.0 CPU s at 700,
+22.7 at 100,000, 23.3 with the collector off (shared machine). The numbers are the same."""
+
+
+@contextmanager
+def _fewer_collections() -> Iterator[None]:
+    """Raise the first-generation threshold to ``GC_GEN0`` for the search, then restore it."""
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], GC_GEN0), *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+
+
+def _plan(spec: ModelSpec, base: Recipe, cluster: Cluster, *, fixed: frozenset[str],
+          global_batch: int | None, setup: HostSetup | None, progress: Progress | None,
+          evaluator: Evaluator | None, only: frozenset[tuple[Any, ...]] | None,
+          workers: int) -> PlanResult:
     t0 = time.perf_counter()
     space = make_space(spec, base, cluster, fixed, global_batch, only)
     ev = evaluator or Evaluator(spec, cluster, setup)

@@ -246,7 +246,7 @@ class Evaluator:
                 self.memo[key] = host_of(gpu, spec, recipe, self.hw, setup)
             host, nvme = self.memo[key]  # type: ignore[misc]
             time = estimate_time(spec, recipe, device, self.hw, setup, trainable, None,
-                                 stage_loads(spec, recipe, self.memo))
+                                 stage_loads(spec, recipe, self.memo), memo=self.memo)
         return Evaluated(
             recipe=recipe, peak_bytes=peak, capacity_bytes=device.capacity_bytes,
             worst_role=worst_role,

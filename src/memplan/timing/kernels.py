@@ -38,9 +38,10 @@ from ..recipe import Recipe
 from ..recipe.parallelism import Parallelism
 from .flops import _causal_share, attention_core_flops, frozen_weight_grads
 from .gemm import gemm_efficiency
-from .recompute import attention_recomputed, recompute_matmul_share
+from .recompute import attention_recomputed, recompute_inputs, recompute_matmul_share
 
-__all__ = ["KernelTime", "attention_efficiency", "gemm_seconds", "kernel_seconds"]
+__all__ = ["KernelTime", "attention_efficiency", "gemm_seconds", "kernel_seconds",
+           "kernel_inputs", "method_inputs"]
 
 _NOT_MATMUL = (Component.NORM, Component.EMBEDDING)
 
@@ -123,6 +124,22 @@ def _split_gemm(gemm, m: float, i: float, o: float, split: Split, n: int) -> flo
     if split is Split.ROW:
         return gemm(m, i / n, o)
     return gemm(m / n, i, o)
+
+
+def kernel_inputs(recipe: Recipe) -> tuple[object, ...]:
+    """Every recipe field ``kernel_seconds`` reads (its keyword arguments and the device
+    aside): a memo key for a caller timing many recipes of one model (``memplan plan``)."""
+    par = recipe.parallelism
+    return (par.tp, par.cp, par.ep, par.expert_tp, par.moe_capacity_factor,
+            recipe.batch.micro_batch, recipe.batch.seq_len, *method_inputs(recipe),
+            *recompute_inputs(recipe))
+
+
+def method_inputs(recipe: Recipe) -> tuple[object, ...]:
+    """The method and the engine, whole: what decides which weights get gradients (more
+    than ``method.kind``: an engine may compute frozen weights' gradients too), for the memo
+    keys of ``kernel_seconds`` and ``flops.token_flops``."""
+    return (recipe.method, recipe.engine, str(recipe.engine_kind))
 
 
 def kernel_seconds(model: ModelSpec, recipe: Recipe, device: Device, *, layers: range,

@@ -18,9 +18,18 @@ from ..recipe import Recipe
 from ..recipe.stages import stages_of
 
 __all__ = ["layer_checkpointed", "recompute_matmul_share", "attention_recomputed",
-           "full_share"]
+           "full_share", "recompute_inputs"]
 
 _NOT_MATMUL = (Component.NORM, Component.EMBEDDING)
+
+
+def recompute_inputs(recipe: Recipe) -> tuple[object, ...]:
+    """Every recipe field this module's functions read (the policy, the attention kernel and
+    the pipeline split of ``stages_of``): equal tuples, equal answers, so a caller timing many
+    recipes of one model keys what it derives from them by this."""
+    par = recipe.parallelism
+    return (recipe.checkpointing, str(recipe.platform.attention), par.pp, par.pp_first_layers,
+            par.pp_last_layers, par.pp_split_embedding, par.pp_split_loss)
 
 
 def layer_checkpointed(recipe: Recipe, i: int, layers: int) -> bool:

@@ -40,7 +40,7 @@ from ..model.spec import ModelSpec
 from ..recipe import Recipe
 from ..recipe.host import HostSetup
 from .comms import Link, allreduce_s, alltoall_s, gather_s, group_link
-from .kernels import kernel_seconds
+from .kernels import KernelTime, kernel_inputs, kernel_seconds
 from .overlap import DpOverlap, dp_overlap
 from .pipeline import StageLoad
 from .recompute import layer_checkpointed
@@ -176,20 +176,37 @@ def _recomputed(recipe: Recipe, layers: range, n: int) -> float:
     return float(sum(layer_checkpointed(recipe, i, n) for i in layers))
 
 
+def _kernels(model: ModelSpec, recipe: Recipe, device: Device, rates: Rates, layers: range,
+             last: bool, memo: dict[object, object] | None) -> tuple[KernelTime, float]:
+    """``kernel_seconds`` of the stage and its ``_recomputed`` layers; ``memo``: kept under
+    what both read (``kernel_inputs``, the rates they are given, the device), so candidates
+    that differ in sharding, offload, engine, accumulation or loss share them."""
+    kw = dict(layers=layers, head=last, linear_peak=rates.linear_peak,
+              attention_peak=rates.attention_peak, matmul_efficiency=rates.matmul_efficiency,
+              hbm_bytes_per_s=rates.hbm, bytes_per_element=rates.bytes_per_element,
+              attention_override=rates.attention_override, gemm_sms=rates.gemm_sms)
+    if memo is None:
+        return (kernel_seconds(model, recipe, device, **kw),  # type: ignore[arg-type]
+                _recomputed(recipe, layers, model.num_layers))
+    key = ("kernel_seconds", device.name, device.arch, *kw.values(), *kernel_inputs(recipe))
+    if key not in memo:
+        memo[key] = (kernel_seconds(model, recipe, device, **kw),  # type: ignore[arg-type]
+                     _recomputed(recipe, layers, model.num_layers))
+    return memo[key]  # type: ignore[return-value]
+
+
 def stage_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
-               setup: HostSetup, rates: Rates, load: StageLoad, *, last: bool) -> StageTime:
-    """Seconds per step on one rank of the stage ``load`` (module docstring)."""
+               setup: HostSetup, rates: Rates, load: StageLoad, *, last: bool,
+               memo: dict[object, object] | None = None) -> StageTime:
+    """Seconds per step on one rank of the stage ``load`` (module docstring). ``memo``: a dict
+    kept by a caller timing many recipes of this one ``model`` on this ``device``
+    (``memplan plan``), for the kernel times."""
     par = recipe.parallelism
     tp, pp, cp, ep, etp = par.tp, par.pp, par.cp, par.ep, par.expert_tp
     local, m = par.local_gpus, recipe.batch.grad_accum
     tokens_seq = recipe.batch.micro_batch * recipe.batch.seq_len
     n_layers = len(load.layers)
-    kt = kernel_seconds(model, recipe, device, layers=load.layers, head=last,
-                        linear_peak=rates.linear_peak, attention_peak=rates.attention_peak,
-                        matmul_efficiency=rates.matmul_efficiency, hbm_bytes_per_s=rates.hbm,
-                        bytes_per_element=rates.bytes_per_element,
-                        attention_override=rates.attention_override,
-                        gemm_sms=rates.gemm_sms)
+    kt, again = _kernels(model, recipe, device, rates, load.layers, last, memo)
     part = load.trainable
     if par.zero >= 1:   # the optimizer partition: dense over DP, experts over expert-DP
         part = ((load.trainable - load.expert_trainable) / par.shard_degree
@@ -214,7 +231,6 @@ def stage_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardwar
 
     intra, inter = rates.intra, rates.inter
     act = tokens_seq / cp * model.hidden_size * rates.act_bytes
-    again = _recomputed(recipe, load.layers, model.num_layers)
     if cp > 1 and str(recipe.engine_kind) in RING_ENGINES:   # PyTorch ring attention's merges
         ring_f, ring_b = ring_merge_bytes(model, tokens_seq / cp, tp, cp)
         pipe_bytes += (ring_f * (n_layers + again) + ring_b * n_layers) * m

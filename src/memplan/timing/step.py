@@ -40,6 +40,9 @@ peak.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from ..errors import ConfigError
 from ..facts import dtypes
 from ..hardware import Device
@@ -56,12 +59,14 @@ from .calibration import Calibration
 from .comms import Link
 from .flops import token_flops
 from .gemm import base_matmul_efficiency
-from .kernels import attention_efficiency
+from .kernels import attention_efficiency, method_inputs
 from .pipeline import StageLoad, pipeline_step
-from .recompute import full_share
+from .recompute import full_share, recompute_inputs
 from .stage import Rates, stage_time
 
 __all__ = ["estimate_time", "pcie_gb_per_s", "peak_tflops"]
+
+T = TypeVar("T")
 
 
 def peak_tflops(device: Device, recipe: Recipe) -> tuple[float | None, str]:
@@ -70,6 +75,16 @@ def peak_tflops(device: Device, recipe: Recipe) -> tuple[float | None, str]:
     key = "fp8" if recipe.precision.kind == "fp8-mixed" else dt
     rates = device.tflops or {}
     return rates.get(key), key
+
+
+def _memo(memo: dict[object, object] | None, key: tuple[object, ...], make: Callable[[], T]) -> T:
+    """``make()``, kept in ``memo`` under ``key`` (which must name everything ``make`` reads
+    besides the model and the device, fixed for one memo)."""
+    if memo is None:
+        return make()
+    if key not in memo:
+        memo[key] = make()
+    return memo[key]  # type: ignore[return-value]
 
 
 def pcie_gb_per_s(gen: int | None, pinned: bool) -> tuple[float | None, float | None]:
@@ -114,7 +129,8 @@ def fused_kernels(recipe: Recipe) -> bool:
 
 
 def _rates(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
-           setup: HostSetup, cal: Calibration | None, peak: float, key: str) -> Rates:
+           setup: HostSetup, cal: Calibration | None, peak: float, key: str,
+           memo: dict[object, object] | None = None) -> Rates:
     """The rates every stage is timed at: the catalog's and ``rates.toml``'s, or the
     calibration's where it measured them."""
     dt = dtypes(recipe)
@@ -154,14 +170,17 @@ def _rates(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
                  act_bytes=dtype_bytes(dt.compute), param_bytes=dtype_bytes(dt.param),
                  grad_bytes=dtype_bytes(dt.grad), intra=intra, inter=inter, h2d=h2d, d2h=d2h,
                  fused=fused_kernels(recipe),
-                 fallback_hbm_bytes=_hbm_bytes_per_token(model, recipe, par.tp)
+                 fallback_hbm_bytes=_memo(memo, ("hbm_bytes_per_token", par.tp,
+                                                 recipe.batch.seq_len, *recompute_inputs(recipe)),
+                                          lambda: _hbm_bytes_per_token(model, recipe, par.tp))
                  * tokens_replica / (par.tp * par.cp))
 
 
 def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
                   setup: HostSetup, trainable: int,
                   calibration: Calibration | None = None,
-                  stages: list[StageLoad] | None = None) -> TimeEstimate | None:
+                  stages: list[StageLoad] | None = None,
+                  memo: dict[object, object] | None = None) -> TimeEstimate | None:
     """Step time of ``recipe`` on ``device`` GPUs in ``hw`` nodes; None when the catalog has
     no dense peak for the compute dtype (the reason is the caller's to report). Rates measured
     by ``memplan calibrate`` (``calibration``) replace the sourced defaults they cover.
@@ -169,7 +188,10 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     elements, and the op graph's memory-bound bytes and kernels of one micro-batch:
     ``system.stage_loads``); without it the layers split as ``recipe.stages.stages_of`` says,
     each rank holds ``trainable / (tp x pp)`` elements, the per-hidden byte counts of
-    ``_hbm_bytes_per_token`` stand in for the op graph and launches are not timed."""
+    ``_hbm_bytes_per_token`` stand in for the op graph and launches are not timed. ``memo``: a
+    dict kept by a caller timing many recipes of this one ``model`` on this ``device`` (``memplan
+    plan``): FLOPs per token, per-token HBM bytes and kernel times are kept under the recipe
+    fields they read (``recompute_inputs``, ``kernel_inputs``)."""
     peak_t, key = peak_tflops(device, recipe)
     if not peak_t or recipe.platform.device == "cpu":
         return None
@@ -179,13 +201,14 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
                            f"{device.name}: rerun `memplan calibrate --gpu {device.name}` on "
                            "that GPU, or drop --calibration."])
     peak = peak_t * 1e12
-    rates = _rates(model, recipe, device, hw, setup, cal, peak, key)
+    rates = _rates(model, recipe, device, hw, setup, cal, peak, key, memo)
     par = recipe.parallelism
     tp, pp, cp = par.tp, par.pp, par.cp
     m, v = recipe.batch.grad_accum, par.pp_virtual
     tokens_replica = recipe.batch.micro_batch * recipe.batch.seq_len * m
     split = tp * pp * cp
-    fl = token_flops(model, recipe)
+    fl = _memo(memo, ("token_flops", recipe.batch.seq_len, *method_inputs(recipe),
+                      *recompute_inputs(recipe)), lambda: token_flops(model, recipe))
     notes: list[str] = []
     if stages is None:
         stages = [StageLoad(layers=r, trainable=trainable / (tp * pp))
@@ -196,8 +219,8 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     if not rates.hbm:
         notes.append(f"{device.name} has no HBM bandwidth in the catalog: memory-bound kernels "
                      "not timed")
-    times = [stage_time(model, recipe, device, hw, setup, rates, s, last=j == len(stages) - 1)
-             for j, s in enumerate(stages)]
+    times = [stage_time(model, recipe, device, hw, setup, rates, s, last=j == len(stages) - 1,
+                        memo=memo) for j, s in enumerate(stages)]
     step, j, bubble = pipeline_step([s.own for s in times], [s.pipelined for s in times], m, v)
     st = times[j]
     notes.extend(st.notes)

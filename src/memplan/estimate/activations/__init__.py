@@ -19,7 +19,7 @@ from ...recipe.engine import fsdp1_mixes
 from ..peft import LORA_LIKE, adapted_roles
 from ...model.peft_targets import ia3_roles, ln_tuning_leaves
 from .blocks import Ctx
-from .compose import compose, signatures
+from .compose import compose, short_lengths, signatures
 from .families import stage_graph
 from .graph import Point, simulate
 from .policy import host_checkpoint_bytes, policy_of
@@ -103,6 +103,9 @@ def cpu_checkpoint_bytes(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtyp
     """Host bytes per rank of DeepSpeed ``cpu_checkpointing`` (``policy.host_checkpoint_bytes``):
     a layer's input is the residual stream, ``tokens / sp x hidden`` in the model's activation
     dtype (``Ctx.act``, the dtype the graph gives it)."""
+    c = recipe.checkpointing
+    if c.kind != "full" or not c.cpu_checkpointing:  # host_checkpoint_bytes is 0
+        return 0
     ctx = _context(spec, recipe, dt)
     per_layer = ctx.tokens // ctx.sp * spec.hidden_size * ctx.act
     return host_checkpoint_bytes(recipe.checkpointing, len(stage.layers), per_layer,
@@ -213,12 +216,24 @@ def stage_traffic(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
     key = ("stage_traffic", *where, ctx, *args.values())
     if memo is not None and key in memo:
         return memo[key]  # type: ignore[return-value]
-    built = range(layers.start, layers.start + 2) if short else layers
-    per_region = graph_traffic(stage_graph(spec, built, ctx, **args))  # type: ignore[arg-type]
-    total = sum(per_region.values(), Traffic())
     if short:
-        total = total + per_region.get(f"layer {layers.start + 1}", Traffic()).scaled(
-            len(layers) - 2)
+        # the two-layer graph's sum and second layer: the same for every stage length and
+        # position of these layers (its regions are the only thing the start changes)
+        two = ("two_layer_traffic", sigs[layers.start], ctx, *args.values())
+        if memo is None or two not in memo:
+            start = layers.start
+            per_region = graph_traffic(stage_graph(spec, range(start, start + 2), ctx,
+                                                   **args))  # type: ignore[arg-type]
+            parts = (sum(per_region.values(), Traffic()),
+                     per_region.get(f"layer {start + 1}", Traffic()))
+            if memo is None:
+                return parts[0] + parts[1].scaled(len(layers) - 2)
+            memo[two] = parts
+        whole, second = memo[two]  # type: ignore[misc]
+        total = whole + second.scaled(len(layers) - 2)
+    else:
+        per_region = graph_traffic(stage_graph(spec, layers, ctx, **args))  # type: ignore[arg-type]
+        total = sum(per_region.values(), Traffic())
     if memo is not None:
         memo[key] = total
     return total
@@ -228,15 +243,19 @@ def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
               memo: dict[object, object], acc: bool) -> tuple[list[Point], int]:
     """``simulate`` of the stage, from three short simulations (``compose.py``) when its layers
     are identical and the policy treats them alike, or alike every ``every`` layers (``full``
-    on every k-th layer); else of the whole stage."""
+    on every k-th layer), and the short simulations not yet in ``memo`` have fewer layers than
+    the stage; else of the whole stage."""
     sig = signatures(spec, memo)
     start = layers.start
     period = args["checkpointing"].period  # type: ignore[attr-defined]
     if args["train_from"] is None and period and len(layers) \
             and len({sig[i] for i in layers}) == 1:
 
+        def key(n: int) -> tuple[object, ...]:
+            return ("short", sig[start], n, ctx, acc, *args.values())
+
         def short(n: int) -> tuple[list[Point], int]:
-            k = ("short", sig[start], n, ctx, acc, *args.values())
+            k = key(n)
             if k not in memo:
                 g = stage_graph(spec, range(start, start + n), ctx, **args)  # type: ignore[arg-type]
                 g.accumulate = acc
@@ -245,12 +264,21 @@ def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
                 memo[k] = pts, g.param_grad_bytes
             return memo[k]  # type: ignore[return-value]
 
-        out = compose(short, start, len(layers), period)
-        if out is not None:
-            return out
+        lengths = short_lengths(len(layers), period)
+        if lengths and _compose_pays(sum(n for n in lengths if key(n) not in memo), len(layers)):
+            out = compose(short, start, len(layers), period)
+            if out is not None:
+                return out
     g = stage_graph(spec, layers, ctx, **args)  # type: ignore[arg-type]
     g.accumulate = acc
     return simulate(g), g.param_grad_bytes
+
+
+def _compose_pays(new_layers: int, length: int) -> bool:
+    """Composing a stage of ``length`` layers is the cheaper route: the short simulations it
+    still has to run (``new_layers`` layers in all; the ones kept in the memo are free) are
+    shorter than the whole stage's. Either route gives the same points."""
+    return new_layers < length
 
 
 def _relabel(region: str, start: int) -> str:

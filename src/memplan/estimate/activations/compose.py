@@ -29,7 +29,7 @@ from typing import Any
 from ...model.spec import ModelSpec
 from .graph import Point
 
-__all__ = ["compose", "signatures"]
+__all__ = ["compose", "short_lengths", "signatures"]
 
 M = 3
 """Layers of the smallest short simulation (first, one middle, last layer)."""
@@ -127,6 +127,16 @@ def _layout(parts: dict[str, tuple[list[Role], list[Role]]], units: int, period:
         out += [(ph, r) for r in _layer_block(units, period, tail, ph == "backward")]
         out += [(ph, r) for r in after]
     return out
+
+
+def short_lengths(length: int, period: int = 1) -> tuple[int, ...]:
+    """The layer counts of the short simulations ``compose`` runs for a stage of ``length``
+    layers (``()``: too short to compose). A caller compares their new layers with ``length``
+    (the whole stage's simulation) to run the cheaper of the two: both give the same points."""
+    units, tail = divmod(length, period)
+    if units <= M + 2:
+        return ()
+    return tuple(u * period + tail for u in (M, M + 1, M + 2))
 
 
 def compose(simulate: Simulate, start: int, length: int, period: int = 1

@@ -47,10 +47,8 @@ class Tensor:
     external: bool = False
     """Exists outside this graph (batch, rotary tables): never allocated or freed here."""
     held: bool = False
-    """Kept as an attribute of a custom Function's ``ctx`` rather than by
-    ``save_for_backward``: autograd's ``release_variables`` does not drop it, so it lives until
-    the graph itself dies, through the whole backward (PyTorch ``FunctionCtx.save_for_backward``
-    docs: tensors stored directly on ``ctx`` leak until then)."""
+    """Kept on a custom Function's ``ctx``, not by ``save_for_backward``: autograd does not
+    release it, so it lives as long as the graph (``FunctionCtx.save_for_backward`` docs)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -175,17 +173,15 @@ class _State:
     # Tensors are dict keys by identity (``Tensor`` is ``eq=False``: hashed by ``id``).
     def __init__(self) -> None:
         self.live: dict[Tensor, bool] = {}  # tensor -> saved (True) or temp (False)
-        self.saved = 0
-        self.temp = 0
-        self.grads = 0
+        self.saved = self.temp = self.grads = 0
         self.points: dict[tuple[str, str], Point] = {}
+        self.best: dict[tuple[str, str], int] = {}  # each point's total, kept beside it
         self.order: list[tuple[str, str]] = []
 
     def alloc(self, t: Tensor, kind: str) -> None:
         if t.external or t in self.live:
             return
-        saved = kind == "saved"
-        self.live[t] = saved
+        self.live[t] = saved = kind == "saved"
         if saved:
             self.saved += t.nbytes
         else:
@@ -193,22 +189,22 @@ class _State:
 
     def free(self, t: Tensor) -> None:
         saved = self.live.pop(t, None)
-        if saved is None:
-            return
         if saved:
             self.saved -= t.nbytes
-        else:
+        elif saved is not None:
             self.temp -= t.nbytes
 
     def mark(self, phase: str, region: str, extra_temp: int = 0) -> None:
         key = (phase, region)
-        p = self.points.get(key)
-        if p is None:
-            p = self.points[key] = Point(phase, region)
+        if key not in self.best:
+            self.points[key], self.best[key] = Point(phase, region), 0
             self.order.append(key)
         temp = self.temp + extra_temp
-        if self.saved + temp + self.grads > p.saved + p.temp + p.grads:
+        total = self.saved + temp + self.grads
+        if total > self.best[key]:
+            p = self.points[key]
             p.saved, p.temp, p.grads = self.saved, temp, self.grads
+            self.best[key] = total
 
 
 def simulate(graph: Graph) -> list[Point]:
@@ -275,7 +271,12 @@ def simulate(graph: Graph) -> list[Point]:
                     st.alloc(t, "saved")
                     remaining[t] = remaining.get(t, 0) + 1
             _recompute(group_ops[op.group], st, remaining)
-        flowing = op is last or any(t in grad_of for t in op.outputs)
+        flowing = op is last
+        if not flowing:
+            for t in op.outputs:
+                if t in grad_of:
+                    flowing = True
+                    break
         cast = 0
         tied_head = accumulate and tied and op is tied[1]
         if flowing:
@@ -302,15 +303,20 @@ def simulate(graph: Graph) -> list[Point]:
             if held is not None and op is tied[0]:
                 extra += held.nbytes  # the two summed out of place (measured: 3 copies live)
             st.mark("backward", op.region, extra)
-        fused = [grad_of[t] for t in op.grad_inputs
-                 if not t.nbytes and not t.external and t in grad_of]
+        fused = None  # the first gradient a fused backward kernel's chain link reads
+        for t in op.grad_inputs:
+            if not t.nbytes and not t.external and t in grad_of:
+                fused = grad_of[t]
+                break
         for t in op.outputs:
             g = grad_of.pop(t, None)
             if g is not None:
-                if fused:  # read by a fused kernel (compiled.py) until its chain ends
-                    waiting.setdefault(fused[0], []).append(g)
-                else:
+                if fused is not None:  # read by a fused kernel (compiled.py) until its chain ends
+                    waiting.setdefault(fused, []).append(g)
+                elif waiting:
                     _release(g, st, waiting)
+                else:
+                    st.free(g)
         for t in op.saves:
             n = remaining.get(t)
             if n is not None:
@@ -343,19 +349,43 @@ def _run_forward(ops: list[Op], st: _State, phase: str, held: dict[Tensor, int],
                  hold_kept: bool) -> None:
     """Run ``ops`` forward: allocate outputs, then free every tensor past its last use that
     nothing holds (``held``: pending saves; ``hold_kept``: also tensors marked ``keep``)."""
+    # _State.alloc, .mark and .free inlined (the simulator's hot loop), with the same effect
     last_use: dict[Tensor, int] = {}
     for i, op in enumerate(ops):
         for t in op.inputs:
             last_use[t] = i
     get, used = held.get, last_use.get
+    live, points, best, order = st.live, st.points, st.best, st.order
+    pop = live.pop
+    saved, temp, grads = st.saved, st.temp, st.grads
     for i, op in enumerate(ops):
         for t in op.outputs:
-            st.alloc(t, "saved" if get(t) else "temp")
-        st.mark(phase, op.region)
+            if not t.external and t not in live:
+                if get(t):
+                    live[t] = True
+                    saved += t.nbytes
+                else:
+                    live[t] = False
+                    temp += t.nbytes
+        key = (phase, op.region)
+        b = best.get(key)
+        if b is None:
+            points[key], best[key], b = Point(phase, op.region), 0, 0
+            order.append(key)
+        if saved + temp + grads > b:
+            p = points[key]
+            p.saved, p.temp, p.grads = saved, temp, grads
+            best[key] = saved + temp + grads
         for ts in (op.inputs, op.outputs):
             for t in ts:
                 if used(t, -1) <= i and not (hold_kept and t.keep) and not get(t):
-                    st.free(t)
+                    was = pop(t, None)
+                    if was is not None:
+                        if was:
+                            saved -= t.nbytes
+                        else:
+                            temp -= t.nbytes
+    st.saved, st.temp = saved, temp
 
 
 def _with_stashes(ops: list[Op], group_inputs: dict[int, list[Tensor]], fraction: float,
