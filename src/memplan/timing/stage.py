@@ -19,6 +19,8 @@ Per stage and step (``m`` micro-batches; the stage's layers only, its own parame
 - **PP**: one ``b s h`` send and receive per micro-batch each way;
 - **CP** (PyTorch ring attention, ``ring.py``): the fp32 merges of the per-block outputs and
   gradients are memory-bound bytes on top of the op graph's;
+- **FSDP2** (``fsdp2.py``): ``fully_shard``'s all-gather copy-out and reduce-scatter copy-in,
+  memory-bound kernels on the compute stream, added to the stage's bytes;
 - **DP** (``overlap.py``), **CP** collectives, offload, NVMe, CPU optimizer and data: as in ``step.py``'s
   docstring, over the stage's own trainable elements;
 - **contention**: kernels that run beside an overlapped DP or CP collective run 18.9 % slower
@@ -40,6 +42,7 @@ from ..model.spec import ModelSpec
 from ..recipe import Recipe
 from ..recipe.host import HostSetup
 from .comms import Link, allreduce_s, alltoall_s, gather_s, group_link
+from .fsdp2 import COPY_ENGINES, fsdp2_copy_bytes
 from .kernels import kernel_seconds
 from .overlap import DpOverlap, dp_overlap
 from .pipeline import StageLoad
@@ -218,6 +221,11 @@ def stage_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardwar
     if cp > 1 and str(recipe.engine_kind) in RING_ENGINES:   # PyTorch ring attention's merges
         ring_f, ring_b = ring_merge_bytes(model, tokens_seq / cp, tp, cp)
         pipe_bytes += (ring_f * (n_layers + again) + ring_b * n_layers) * m
+    if par.zero == 3 and str(recipe.engine_kind) in COPY_ENGINES:   # fully_shard's copies
+        gathers = (2 if recipe.engine.reshard_after_forward else 1) * m
+        pipe_bytes += fsdp2_copy_bytes(load.trainable, gathers=gathers, reduces=m,
+                                       param_bytes=rates.act_bytes, grad_bytes=rates.act_bytes,
+                                       reduce_bytes=rates.grad_bytes)
     links = {"tp": group_link(1, tp, local, intra, inter),
              "ep": group_link(etp, ep, local, intra, inter),
              "etp": group_link(1, etp, local, intra, inter),
