@@ -12,7 +12,9 @@ from memplan.hardware.nodes import get_node
 from memplan.host import HostSetup, node_hardware
 from memplan.system import stage_loads
 from memplan.timing import estimate_time, stage
+from memplan.timing.comms import Link, gather_s
 from memplan.timing.fsdp2 import fsdp2_copy_bytes
+from memplan.timing.step import _gathered_param_bytes
 
 H100 = get_device("H100-80GB")
 HW = node_hardware(H100, 8, get_node("DGX-H100"))
@@ -57,3 +59,29 @@ def test_fsdp1_and_megatron_pay_none(monkeypatch):
         monkeypatch.setattr(stage, "fsdp2_copy_bytes", lambda *a, **k: 1e12)
         assert _hbm(engine, zero) == before
         monkeypatch.undo()
+
+
+@pytest.mark.parametrize("engine, precision, expected", [
+    ("torchtitan", "bf16-mixed", 2), ("fsdp2", "bf16-mixed", 2), ("fsdp1", "bf16-mixed", 2),
+    ("fsdp2", "32-true", 4), ("deepspeed", "bf16-mixed", 2)])
+def test_gathers_move_param_dtype(engine, precision, expected):
+    """torch's FSDP casts the fp32 shard to ``param_dtype`` before the all-gather
+    (``_fsdp_param.py`` ``all_gather_inputs``: ``_to_dtype_if_needed(sharded_param_data,
+    self.param_dtype)``), so a bf16-mixed gather moves 2 B per element, not the 4 B of the
+    stored fp32 shard; DeepSpeed gathers its bf16 copy; fp32 training gathers fp32."""
+    r = Recipe.of(gpus_per_node=8, gpus=8, zero=3, precision=precision, engine=engine)
+    assert _gathered_param_bytes(r) == expected
+
+
+def test_torchtitan_gather_time_is_bf16():
+    """The DP link's busy time of a torchtitan ZeRO-3 step falls when the gathers move 2 B,
+    not 4 B, per element: two gathers + one fp32 reduce-scatter per step = 2 x 2 + 4 = 8 B
+    per element against 2 x 4 + 4 = 12 B before (the reduce stays fp32:
+    mixed_precision_reduce = float32)."""
+    r = Recipe.of(gpus_per_node=8, gpus=8, zero=3, seq_len=8192, micro_batch=2,
+                  checkpointing="op", attention="flash", engine="torchtitan")
+    t = estimate_time(L8, r, H100, HW, HostSetup(), L8.num_params, stages=stage_loads(L8, r))
+    nv = next(x.seconds for x in t.resources if x.name == "nvlink")
+    link = HW.nvlink_gb_per_s / 2 * constant("nvlink_efficiency")
+    one = gather_s(L8.num_params, 8, Link("nvlink", link))
+    assert nv == pytest.approx(one * 8, rel=1e-6)

@@ -107,6 +107,18 @@ def _hbm_bytes_per_token(model: ModelSpec, recipe: Recipe, tp: int) -> float:
     return fwd * passes + ce
 
 
+def _gathered_param_bytes(recipe: Recipe) -> float:
+    """Bytes per parameter element a ZeRO-3 / FSDP all-gather moves. FSDP1, FSDP2 and
+    torchtitan shard the fp32 parameters and cast the shard to ``param_dtype`` (the compute
+    dtype) before gathering (torch ``_fully_shard/_fsdp_param.py`` ``all_gather_inputs``;
+    FSDP1 ``MixedPrecision.param_dtype``), so the gather is 16-bit under mixed precision;
+    DeepSpeed and Megatron gather their 16-bit parameter copy (``dtypes(recipe).param``)."""
+    dt = dtypes(recipe)
+    if str(recipe.engine_kind) in ("fsdp1", "fsdp2", "torchtitan"):
+        return dtype_bytes(dt.compute)
+    return dtype_bytes(dt.param)
+
+
 def fused_kernels(recipe: Recipe) -> bool:
     """Elementwise chains run fused: under ``torch.compile`` (Inductor), or Megatron-Core
     (Transformer Engine / Apex fused norm, rotary, bias-activation and softmax kernels)."""
@@ -151,7 +163,7 @@ def _rates(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
                  gemm_sms=None if (cal_eff or setup.matmul_efficiency) else device.sm_count,
                  attention_override=att_cal, hbm=hbm,
                  bytes_per_element=1.0 if key == "fp8" else dtype_bytes(dt.compute),
-                 act_bytes=dtype_bytes(dt.compute), param_bytes=dtype_bytes(dt.param),
+                 act_bytes=dtype_bytes(dt.compute), param_bytes=_gathered_param_bytes(recipe),
                  grad_bytes=dtype_bytes(dt.grad), intra=intra, inter=inter, h2d=h2d, d2h=d2h,
                  fused=fused_kernels(recipe),
                  fallback_hbm_bytes=_hbm_bytes_per_token(model, recipe, par.tp)
