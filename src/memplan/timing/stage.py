@@ -23,6 +23,8 @@ Per stage and step (``m`` micro-batches; the stage's layers only, its own parame
   memory-bound kernels on the compute stream, added to the stage's bytes;
 - **DP** (``overlap.py``), **CP** collectives, offload, NVMe, CPU optimizer and data: as in ``step.py``'s
   docstring, over the stage's own trainable elements;
+- **CP exposed** (``Parallelism.cp_comm_exposed``, Llama 3's all-gather CP, arXiv 2407.21783
+  §3.3.2): the CP exchange joins the critical path and no longer slows the kernels beside it;
 - **contention**: kernels that run beside an overlapped DP or CP collective run 18.9 % slower
   (``StageTime.contention``; Lee et al. 2025, arXiv 2507.03114).
 
@@ -112,6 +114,8 @@ class StageTime:
     dp: DpOverlap
     links: dict[str, Link]
     """The link each group crosses: ``tp``, ``ep``, ``etp``, ``pp``, ``dp``, ``cp``."""
+    cp_exposed: bool = False
+    """The CP exchange is on the critical path (``Parallelism.cp_comm_exposed``)."""
     pcie_overlapped: float = 0.0
     pcie_serial: float = 0.0
     nvme_overlapped: float = 0.0
@@ -142,14 +146,15 @@ class StageTime:
         bandwidth, so compute and memory-bound kernels run ``overlap_compute_slowdown`` slower
         while a DP / FSDP / ZeRO or CP collective is in flight (``rates.toml``: Lee et al.
         2025, arXiv 2507.03114); for ``min(overlapped collective time, busy time)``."""
-        return constant("overlap_compute_slowdown") * min(self.dp.hidden + self.cp, self.busy)
+        beside = self.dp.hidden + (0.0 if self.cp_exposed else self.cp)
+        return constant("overlap_compute_slowdown") * min(beside, self.busy)
 
     @property
     def critical(self) -> float:
         """The stage's own critical path: kernels (slowed where collectives run beside them),
         exposed launches, TP/EP/PP collectives and the DP part its engine cannot overlap."""
         return (self.busy + self.contention + self.launch + self.tp + self.ep + self.pp
-                + self.dp.serial)
+                + self.dp.serial + (self.cp if self.cp_exposed else 0.0))
 
     @property
     def pipelined(self) -> float:
@@ -161,7 +166,8 @@ class StageTime:
         """Work that runs beside the critical path, by resource: only its excess is exposed."""
         over = {self.links["dp"].name: self.dp.hidden, "pcie": self.pcie_overlapped,
                 "nvme": self.nvme_overlapped, "data": self.data}
-        over[self.links["cp"].name] = over.get(self.links["cp"].name, 0.0) + self.cp
+        if not self.cp_exposed:
+            over[self.links["cp"].name] = over.get(self.links["cp"].name, 0.0) + self.cp
         return over
 
     @property
@@ -271,7 +277,8 @@ def stage_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardwar
                    hbm=(pipe_bytes + opt_bytes) / hbm if hbm else 0.0,
                    optimizer_hbm=opt_bytes / hbm if hbm else 0.0,
                    issue=kernels * constant("kernel_launch_cpu_seconds"), kernels=kernels,
-                   tp=t_tp, ep=t_ep, pp=t_pp, cp=t_cp, dp=dpo, links=links, unknown=unknown,
+                   tp=t_tp, ep=t_ep, pp=t_pp, cp=t_cp, cp_exposed=par.cp_comm_exposed,
+                   dp=dpo, links=links, unknown=unknown,
                    notes=kt.notes)
     _offload(st, recipe, hw, setup, rates, part)
     return st

@@ -228,7 +228,8 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     exposed["compute"], exposed["hbm"], exposed["launch"] = st.compute, st.hbm, st.launch
     busy_s["compute"], busy_s["hbm"], busy_s["launch"] = st.compute, st.hbm, st.issue
     links = st.links
-    for name, s in (("tp", st.tp), ("ep", st.ep), ("pp", st.pp), ("dp", st.dp.serial)):
+    for name, s in (("tp", st.tp), ("ep", st.ep), ("pp", st.pp), ("dp", st.dp.serial),
+                    ("cp", st.cp if st.cp_exposed else 0.0)):
         exposed[links[name].name] += s
         busy_s[links[name].name] += s
     for name, s in over.items():
