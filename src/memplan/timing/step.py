@@ -55,6 +55,7 @@ from ..results.time import validation_band
 from .calibration import Calibration
 from .comms import Link
 from .flops import token_flops
+from .fsdp2 import COPY_ENGINES
 from .gemm import base_matmul_efficiency
 from .kernels import attention_efficiency
 from .pipeline import StageLoad, pipeline_step
@@ -258,8 +259,10 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
                    f"TFLOP/s {key}{quant}), attention {st.attention:.3g} s (fwd/bwd at "
                    f"{att_f:.0%}/{att_b:.0%} of {rates.attention_peak / 1e12:g} TFLOP/s)",
         "hbm": f"memory-bound kernels ({'fused chains' if fused else 'op by op, eager'}: norms, "
-               "rotary, activations, casts, softmax, cross-entropy; bytes from the op graph) "
-               f"and the GPU optimizer step at {constant('hbm_efficiency'):.0%} of "
+               "rotary, activations, casts, softmax, cross-entropy; bytes from the op graph)"
+               + (", FSDP2 all-gather copy-out and reduce-scatter copy-in" if par.zero == 3
+                  and str(recipe.engine_kind) in COPY_ENGINES else "")
+               + f" and the GPU optimizer step at {constant('hbm_efficiency'):.0%} of "
                f"{device.hbm_gb_per_s} GB/s",
         "launch": f"{st.kernels:,.0f} kernel launches x "
                   f"{constant('kernel_launch_cpu_seconds') * 1e6:g} us of CPU each; exposed "
