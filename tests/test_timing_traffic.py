@@ -76,7 +76,11 @@ def test_recompute_and_fusion_move_the_bytes_the_right_way():
         assert t.fused_kernels < t.eager_kernels
 
 
-def test_compile_shortens_the_memory_bound_time():
+def test_compile_shortens_the_memory_bound_time(monkeypatch):
+    """The op graph's fused chains halve the memory-bound time; FSDP2's copy-out and
+    reduce-scatter copy-in (``timing/fsdp2.py``, the same under compile) are left out here."""
+    from memplan.timing import stage
+    monkeypatch.setattr(stage, "fsdp2_copy_bytes", lambda *a, **k: 0.0)
     eager = _time("meta-llama/Llama-3.1-8B", gpus=8, zero=3, engine="fsdp2", seq_len=4096)
     comp = _time("meta-llama/Llama-3.1-8B", gpus=8, zero=3, engine="fsdp2", seq_len=4096,
                  compile=True)

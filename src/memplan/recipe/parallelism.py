@@ -53,6 +53,12 @@ class Parallelism:
     (Megatron ``--account-for-loss-in-pipeline-split``): the last stage builds one fewer."""
     cp: int = field(default=1, metadata={"min": 1})
     """Context-parallel degree (sequence split across ranks for attention)."""
+    cp_comm_exposed: bool = False
+    """The CP K/V exchange sits on the critical path instead of overlapping the attention
+    kernels: Llama 3's all-gather CP (Dubey et al. 2024, arXiv 2407.21783, §3.3.2: 'the
+    all-gather communication latency is exposed on the critical path'). False: the ring
+    (PyTorch ``context_parallel``, Transformer Engine's p2p CP) hides it behind the blocks'
+    kernels."""
     ep: int = field(default=1, metadata={"min": 1})
     """Expert-parallel degree (MoE experts split across ranks)."""
     etp: int = field(default=0, metadata={"min": 0})

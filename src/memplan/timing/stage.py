@@ -19,8 +19,12 @@ Per stage and step (``m`` micro-batches; the stage's layers only, its own parame
 - **PP**: one ``b s h`` send and receive per micro-batch each way;
 - **CP** (PyTorch ring attention, ``ring.py``): the fp32 merges of the per-block outputs and
   gradients are memory-bound bytes on top of the op graph's;
+- **FSDP2** (``fsdp2.py``): ``fully_shard``'s all-gather copy-out and reduce-scatter copy-in,
+  memory-bound kernels on the compute stream, added to the stage's bytes;
 - **DP** (``overlap.py``), **CP** collectives, offload, NVMe, CPU optimizer and data: as in ``step.py``'s
   docstring, over the stage's own trainable elements;
+- **CP exposed** (``Parallelism.cp_comm_exposed``, Llama 3's all-gather CP, arXiv 2407.21783
+  §3.3.2): the CP exchange joins the critical path and no longer slows the kernels beside it;
 - **contention**: kernels that run beside an overlapped DP or CP collective run 18.9 % slower
   (``StageTime.contention``; Lee et al. 2025, arXiv 2507.03114).
 
@@ -40,6 +44,7 @@ from ..model.spec import ModelSpec
 from ..recipe import Recipe
 from ..recipe.host import HostSetup
 from .comms import Link, allreduce_s, alltoall_s, gather_s, group_link
+from .fsdp2 import COPY_ENGINES, fsdp2_copy_bytes
 from .kernels import KernelTime, kernel_inputs, kernel_seconds
 from .overlap import DpOverlap, dp_overlap
 from .pipeline import StageLoad
@@ -109,6 +114,8 @@ class StageTime:
     dp: DpOverlap
     links: dict[str, Link]
     """The link each group crosses: ``tp``, ``ep``, ``etp``, ``pp``, ``dp``, ``cp``."""
+    cp_exposed: bool = False
+    """The CP exchange is on the critical path (``Parallelism.cp_comm_exposed``)."""
     pcie_overlapped: float = 0.0
     pcie_serial: float = 0.0
     nvme_overlapped: float = 0.0
@@ -139,14 +146,15 @@ class StageTime:
         bandwidth, so compute and memory-bound kernels run ``overlap_compute_slowdown`` slower
         while a DP / FSDP / ZeRO or CP collective is in flight (``rates.toml``: Lee et al.
         2025, arXiv 2507.03114); for ``min(overlapped collective time, busy time)``."""
-        return constant("overlap_compute_slowdown") * min(self.dp.hidden + self.cp, self.busy)
+        beside = self.dp.hidden + (0.0 if self.cp_exposed else self.cp)
+        return constant("overlap_compute_slowdown") * min(beside, self.busy)
 
     @property
     def critical(self) -> float:
         """The stage's own critical path: kernels (slowed where collectives run beside them),
         exposed launches, TP/EP/PP collectives and the DP part its engine cannot overlap."""
         return (self.busy + self.contention + self.launch + self.tp + self.ep + self.pp
-                + self.dp.serial)
+                + self.dp.serial + (self.cp if self.cp_exposed else 0.0))
 
     @property
     def pipelined(self) -> float:
@@ -158,7 +166,8 @@ class StageTime:
         """Work that runs beside the critical path, by resource: only its excess is exposed."""
         over = {self.links["dp"].name: self.dp.hidden, "pcie": self.pcie_overlapped,
                 "nvme": self.nvme_overlapped, "data": self.data}
-        over[self.links["cp"].name] = over.get(self.links["cp"].name, 0.0) + self.cp
+        if not self.cp_exposed:
+            over[self.links["cp"].name] = over.get(self.links["cp"].name, 0.0) + self.cp
         return over
 
     @property
@@ -234,6 +243,11 @@ def stage_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardwar
     if cp > 1 and str(recipe.engine_kind) in RING_ENGINES:   # PyTorch ring attention's merges
         ring_f, ring_b = ring_merge_bytes(model, tokens_seq / cp, tp, cp)
         pipe_bytes += (ring_f * (n_layers + again) + ring_b * n_layers) * m
+    if par.zero == 3 and str(recipe.engine_kind) in COPY_ENGINES:   # fully_shard's copies
+        gathers = (2 if recipe.engine.reshard_after_forward else 1) * m
+        pipe_bytes += fsdp2_copy_bytes(load.trainable, gathers=gathers, reduces=m,
+                                       param_bytes=rates.act_bytes, grad_bytes=rates.act_bytes,
+                                       reduce_bytes=rates.grad_bytes)
     links = {"tp": group_link(1, tp, local, intra, inter),
              "ep": group_link(etp, ep, local, intra, inter),
              "etp": group_link(1, etp, local, intra, inter),
@@ -279,7 +293,8 @@ def stage_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardwar
                    hbm=(pipe_bytes + opt_bytes) / hbm if hbm else 0.0,
                    optimizer_hbm=opt_bytes / hbm if hbm else 0.0,
                    issue=kernels * constant("kernel_launch_cpu_seconds"), kernels=kernels,
-                   tp=t_tp, ep=t_ep, pp=t_pp, cp=t_cp, dp=dpo, links=links, unknown=unknown,
+                   tp=t_tp, ep=t_ep, pp=t_pp, cp=t_cp, cp_exposed=par.cp_comm_exposed,
+                   dp=dpo, links=links, unknown=unknown,
                    notes=kt.notes)
     _offload(st, recipe, hw, setup, rates, part)
     return st

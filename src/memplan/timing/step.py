@@ -58,6 +58,7 @@ from ..results.time import validation_band
 from .calibration import Calibration
 from .comms import Link
 from .flops import token_flops
+from .fsdp2 import COPY_ENGINES
 from .gemm import base_matmul_efficiency
 from .kernels import attention_efficiency, method_inputs
 from .pipeline import StageLoad, pipeline_step
@@ -122,6 +123,18 @@ def _hbm_bytes_per_token(model: ModelSpec, recipe: Recipe, tp: int) -> float:
     return fwd * passes + ce
 
 
+def _gathered_param_bytes(recipe: Recipe) -> float:
+    """Bytes per parameter element a ZeRO-3 / FSDP all-gather moves. FSDP1, FSDP2 and
+    torchtitan shard the fp32 parameters and cast the shard to ``param_dtype`` (the compute
+    dtype) before gathering (torch ``_fully_shard/_fsdp_param.py`` ``all_gather_inputs``;
+    FSDP1 ``MixedPrecision.param_dtype``), so the gather is 16-bit under mixed precision;
+    DeepSpeed and Megatron gather their 16-bit parameter copy (``dtypes(recipe).param``)."""
+    dt = dtypes(recipe)
+    if str(recipe.engine_kind) in ("fsdp1", "fsdp2", "torchtitan"):
+        return dtype_bytes(dt.compute)
+    return dtype_bytes(dt.param)
+
+
 def fused_kernels(recipe: Recipe) -> bool:
     """Elementwise chains run fused: under ``torch.compile`` (Inductor), or Megatron-Core
     (Transformer Engine / Apex fused norm, rotary, bias-activation and softmax kernels)."""
@@ -167,7 +180,7 @@ def _rates(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
                  gemm_sms=None if (cal_eff or setup.matmul_efficiency) else device.sm_count,
                  attention_override=att_cal, hbm=hbm,
                  bytes_per_element=1.0 if key == "fp8" else dtype_bytes(dt.compute),
-                 act_bytes=dtype_bytes(dt.compute), param_bytes=dtype_bytes(dt.param),
+                 act_bytes=dtype_bytes(dt.compute), param_bytes=_gathered_param_bytes(recipe),
                  grad_bytes=dtype_bytes(dt.grad), intra=intra, inter=inter, h2d=h2d, d2h=d2h,
                  fused=fused_kernels(recipe),
                  fallback_hbm_bytes=_memo(memo, ("hbm_bytes_per_token", par.tp,
@@ -239,7 +252,8 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     exposed["compute"], exposed["hbm"], exposed["launch"] = st.compute, st.hbm, st.launch
     busy_s["compute"], busy_s["hbm"], busy_s["launch"] = st.compute, st.hbm, st.issue
     links = st.links
-    for name, s in (("tp", st.tp), ("ep", st.ep), ("pp", st.pp), ("dp", st.dp.serial)):
+    for name, s in (("tp", st.tp), ("ep", st.ep), ("pp", st.pp), ("dp", st.dp.serial),
+                    ("cp", st.cp if st.cp_exposed else 0.0)):
         exposed[links[name].name] += s
         busy_s[links[name].name] += s
     for name, s in over.items():
@@ -268,8 +282,10 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
                    f"TFLOP/s {key}{quant}), attention {st.attention:.3g} s (fwd/bwd at "
                    f"{att_f:.0%}/{att_b:.0%} of {rates.attention_peak / 1e12:g} TFLOP/s)",
         "hbm": f"memory-bound kernels ({'fused chains' if fused else 'op by op, eager'}: norms, "
-               "rotary, activations, casts, softmax, cross-entropy; bytes from the op graph) "
-               f"and the GPU optimizer step at {constant('hbm_efficiency'):.0%} of "
+               "rotary, activations, casts, softmax, cross-entropy; bytes from the op graph)"
+               + (", FSDP2 all-gather copy-out and reduce-scatter copy-in" if par.zero == 3
+                  and str(recipe.engine_kind) in COPY_ENGINES else "")
+               + f" and the GPU optimizer step at {constant('hbm_efficiency'):.0%} of "
                f"{device.hbm_gb_per_s} GB/s",
         "launch": f"{st.kernels:,.0f} kernel launches x "
                   f"{constant('kernel_launch_cpu_seconds') * 1e6:g} us of CPU each; exposed "
