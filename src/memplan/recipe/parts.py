@@ -220,6 +220,14 @@ class Method:
     """LoRA rank r: each adapted linear (out x in) gains r x (in + out) trainable parameters."""
     lora_alpha: int = 32
     """LoRA scaling numerator; recorded for completeness, it does not change memory."""
+    lora_dropout: float = field(default=0.0, metadata={"min": 0.0, "below": 1.0})
+    """Dropout probability on each adapter's input (PEFT ``LoraConfig.lora_dropout`` /
+    ``VeraConfig.vera_dropout``, default 0: ``nn.Identity``; litgpt ``lora_dropout``). With
+    p > 0 every adapted linear runs ``lora_B(lora_A(dropout(x)))`` (peft 0.21.2
+    ``tuners/lora/layer.py`` ``Linear.forward``): one ``nn.Dropout`` per adapted linear, whose
+    mask (1 B per element on CUDA's ``native_dropout``, the input dtype on CPU) and output
+    (saved by ``lora_A``'s matmul for its weight gradient) stay until the backward. Applies to
+    ``lora``, ``qlora``, ``lora-fa`` and ``vera``; 0 for every other method."""
     lora_targets: tuple[str, ...] = field(default=LORA_TARGETS, metadata={
         "choices": LORA_TARGETS + (LORA_HEAD,), "all": LORA_TARGETS})
     """Which linears get adapters: comma list of ``q,k,v,o,gate,up,down`` (``all-linear`` =

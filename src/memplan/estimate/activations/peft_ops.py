@@ -1,5 +1,4 @@
-"""What PEFT's adapter modules add to a frozen linear's forward, as ``Graph`` ops (PEFT 0.21.2,
-lora_dropout / vera_dropout 0, so dropout is ``nn.Identity``):
+"""What PEFT's adapter modules add to a frozen linear's forward, as ``Graph`` ops (PEFT 0.21.2):
 
 - **LoRA** (``lora/layer.py`` ``Linear.forward``): ``x`` cast to the adapter dtype, ``lora_A``
   (saves that input), ``lora_B`` (saves the r-wide intermediate), ``* scaling``, added to the
@@ -15,7 +14,13 @@ lora_dropout / vera_dropout 0, so dropout is ``nn.Identity``):
 - **IA3** (``ia3/layer.py``): ``base(x) * l`` (saves the base output) or, on feed-forward
   targets, ``base(x.to(l.dtype) * l)`` (saves the cast input).
 
-Under autocast every adapter matmul runs in 16 bits on cast copies (``blocks.py``)."""
+Under autocast every adapter matmul runs in 16 bits on cast copies (``blocks.py``).
+
+With ``lora_dropout`` / ``vera_dropout`` p > 0 (``Ctx.lora_dropout``), the adapter input goes
+through ``nn.Dropout`` after its cast to the adapter dtype (``lora_B(lora_A(dropout(x)))``,
+``F.linear(dropout(x), sliced_A)``). PEFT builds one ``nn.Dropout`` per adapted linear
+(``LoraLayer.update_layer``), so q, k and v each keep their own mask, and a trained ``lora_A``
+keeps its own dropped input; with p = 0 the module is ``nn.Identity`` and adds nothing."""
 
 from __future__ import annotations
 
@@ -48,7 +53,7 @@ def _lora_branch(b: Blocks, x: Tensor, n_in: int, n_out: int, t: int, *,
                  frozen_a: bool = False) -> Tensor:
     """``lora_B(lora_A(x))`` with ``x`` cast to the adapter dtype first."""
     r = b.c.lora_rank
-    xa = b.cast(x, b.c.adapter)
+    xa = b.dropout(b.cast(x, b.c.adapter), b.c.lora_dropout)
     mid = _mm(b, xa, n_in, r, t, trained=not frozen_a)
     return _mm(b, mid, r, n_out, t, trained=True)
 
@@ -64,7 +69,7 @@ def adapt(b: Blocks, x: Tensor, y: Tensor, n_in: int, n_out: int, t: int, *,
         return b.cast(scaled, y.itemsize)
     if kind == "vera":
         r = c.lora_rank
-        xa = b.cast(x, c.adapter)
+        xa = b.dropout(b.cast(x, c.adapter), c.lora_dropout)
         u = _mm(b, xa, n_in, r, t, trained=False)
         d = b.mul(u, b.new(r, c.adapter, True), itemsize=max(u.itemsize, c.adapter))
         w = _mm(b, d, r, n_out, t, trained=False)
