@@ -481,6 +481,15 @@ def _quantizer(row: dict[str, str]) -> str:
     return "torchao-0.1" if row["source_group"] in TORCHAO_01_GROUPS else "torchao"
 
 
+def _lora_dropout(detail: str) -> float:
+    """The adapter dropout the row's source states (its ``peft_detail``: "LoRA r=64 alpha=16
+    dropout 0.05" for the Qwen-1 rows, QwenLM/Qwen finetune.py ``LoraArguments.lora_dropout =
+    0.05``; "dropout 0.1" for the PEFT README and docs rows, 0.05 for the QLoRA paper's); 0,
+    PEFT's default, when it states none (torchtune, litgpt, Unsloth rows: not applied here)."""
+    m = re.search(r"\bdropout (0?\.\d+)", detail)
+    return float(m.group(1)) if m else 0.0
+
+
 def _recipe(row: dict[str, str]) -> Recipe:
     method = row["method"]
     lora = method in ("lora", "qlora")
@@ -501,7 +510,8 @@ def _recipe(row: dict[str, str]) -> Recipe:
         kw.update(lora_rank=int(row["lora_rank"]),
                   lora_targets=LORA_TARGETS if targets == "all-linear" else tuple(
                       targets.split(",")),
-                  adapter_dtype=ADAPTER_DTYPE.get(_framework(row["source_group"]), "fp32"))
+                  adapter_dtype=ADAPTER_DTYPE.get(_framework(row["source_group"]), "fp32"),
+                  lora_dropout=_lora_dropout(row["peft_detail"]))
     if method == "qlora":
         kw["quant"] = row["base_quant"]
         kw["quantizer"] = _quantizer(row)
