@@ -382,6 +382,24 @@ def _litgpt(row: dict[str, str]) -> dict[str, object]:
     return out
 
 
+def _litgpt_adapters(row: dict[str, str]) -> dict[str, object]:
+    """litgpt's adapters on its config hub LoRA / QLoRA rows, from litgpt's source:
+
+    - built in the precision's dtype: ``finetune/lora.py`` creates the model under
+      ``fabric.init_module()``, which under ``bf16-true`` makes every parameter bf16, the
+      ``lora_A`` / ``lora_B`` parameters included (no fp32 upcast, unlike PEFT);
+    - ``lora_dropout: 0.05`` (``config_hub/finetune/llama-2-7b/lora.yaml`` @08bf15dd, the value
+      of every config hub yaml and of ``finetune/lora.py``'s default), applied once for q, k and
+      v by the fused ``LoRAQKVLinear`` and once per ``LoRALinear`` (proj, MLP, head:
+      ``litgpt/lora.py`` @a2bc1403)."""
+    if not row["source_group"].startswith("litgpt"):
+        return {}
+    out: dict[str, object] = {"lora_dropout": 0.05, "lora_dropout_qkv_shared": True}
+    if row["precision"] == "bf16-true":
+        out["adapter_dtype"] = "bf16"
+    return out
+
+
 def _engine(row: dict[str, str]) -> str | None:
     """The engine the row names (its notes), None when it names none (memplan assumes).
 
@@ -519,6 +537,8 @@ def _recipe(row: dict[str, str]) -> Recipe:
         kw["modules_to_save"] = saved
     kw.update(_loop(row))
     kw.update(_litgpt(row))
+    if lora:
+        kw.update(_litgpt_adapters(row))
     if _framework(row["source_group"]) == "torchtune" and "loss" not in kw:
         # torchtune's TransformerDecoder returns self.output(h).float() (0.6.1
         # modules/transformer.py unembed; the line of Meta's llama reference model.py it

@@ -228,6 +228,11 @@ class Method:
     mask (1 B per element on CUDA's ``native_dropout``, the input dtype on CPU) and output
     (saved by ``lora_A``'s matmul for its weight gradient) stay until the backward. Applies to
     ``lora``, ``qlora``, ``lora-fa`` and ``vera``; 0 for every other method."""
+    lora_dropout_qkv_shared: bool = False
+    """With ``lora_dropout`` > 0: the q, k and v adapters read one dropout of their common input,
+    as litgpt's fused ``LoRAQKVLinear`` does (``F.linear(self.lora_dropout(x), self.lora_A)``,
+    one ``lora_A`` for the enabled q/k/v; litgpt/lora.py @a2bc1403), so one mask and one dropped
+    input per layer instead of PEFT's one per adapted linear (false)."""
     lora_targets: tuple[str, ...] = field(default=LORA_TARGETS, metadata={
         "choices": LORA_TARGETS + (LORA_HEAD,), "all": LORA_TARGETS})
     """Which linears get adapters: comma list of ``q,k,v,o,gate,up,down`` (``all-linear`` =
