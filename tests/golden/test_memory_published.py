@@ -382,6 +382,24 @@ def _litgpt(row: dict[str, str]) -> dict[str, object]:
     return out
 
 
+def _litgpt_adapters(row: dict[str, str]) -> dict[str, object]:
+    """litgpt's adapters on its config hub LoRA / QLoRA rows, from litgpt's source:
+
+    - built in the precision's dtype: ``finetune/lora.py`` creates the model under
+      ``fabric.init_module()``, which under ``bf16-true`` makes every parameter bf16, the
+      ``lora_A`` / ``lora_B`` parameters included (no fp32 upcast, unlike PEFT);
+    - ``lora_dropout: 0.05`` (``config_hub/finetune/llama-2-7b/lora.yaml`` @08bf15dd, the value
+      of every config hub yaml and of ``finetune/lora.py``'s default), applied once for q, k and
+      v by the fused ``LoRAQKVLinear`` and once per ``LoRALinear`` (proj, MLP, head:
+      ``litgpt/lora.py`` @a2bc1403)."""
+    if not row["source_group"].startswith("litgpt"):
+        return {}
+    out: dict[str, object] = {"lora_dropout": 0.05, "lora_dropout_qkv_shared": True}
+    if row["precision"] == "bf16-true":
+        out["adapter_dtype"] = "bf16"
+    return out
+
+
 def _engine(row: dict[str, str]) -> str | None:
     """The engine the row names (its notes), None when it names none (memplan assumes).
 
@@ -481,6 +499,15 @@ def _quantizer(row: dict[str, str]) -> str:
     return "torchao-0.1" if row["source_group"] in TORCHAO_01_GROUPS else "torchao"
 
 
+def _lora_dropout(detail: str) -> float:
+    """The adapter dropout the row's source states (its ``peft_detail``: "LoRA r=64 alpha=16
+    dropout 0.05" for the Qwen-1 rows, QwenLM/Qwen finetune.py ``LoraArguments.lora_dropout =
+    0.05``; "dropout 0.1" for the PEFT README and docs rows, 0.05 for the QLoRA paper's); 0,
+    PEFT's default, when it states none (torchtune, litgpt, Unsloth rows: not applied here)."""
+    m = re.search(r"\bdropout (0?\.\d+)", detail)
+    return float(m.group(1)) if m else 0.0
+
+
 def _recipe(row: dict[str, str]) -> Recipe:
     method = row["method"]
     lora = method in ("lora", "qlora")
@@ -501,7 +528,8 @@ def _recipe(row: dict[str, str]) -> Recipe:
         kw.update(lora_rank=int(row["lora_rank"]),
                   lora_targets=LORA_TARGETS if targets == "all-linear" else tuple(
                       targets.split(",")),
-                  adapter_dtype=ADAPTER_DTYPE.get(_framework(row["source_group"]), "fp32"))
+                  adapter_dtype=ADAPTER_DTYPE.get(_framework(row["source_group"]), "fp32"),
+                  lora_dropout=_lora_dropout(row["peft_detail"]))
     if method == "qlora":
         kw["quant"] = row["base_quant"]
         kw["quantizer"] = _quantizer(row)
@@ -509,6 +537,8 @@ def _recipe(row: dict[str, str]) -> Recipe:
         kw["modules_to_save"] = saved
     kw.update(_loop(row))
     kw.update(_litgpt(row))
+    if lora:
+        kw.update(_litgpt_adapters(row))
     if _framework(row["source_group"]) == "torchtune" and "loss" not in kw:
         # torchtune's TransformerDecoder returns self.output(h).float() (0.6.1
         # modules/transformer.py unembed; the line of Meta's llama reference model.py it

@@ -68,6 +68,9 @@ METHODS = tuple(str(c) for c in MethodKind)
 QUANTS = tuple(str(c) for c in Quant)
 OFFLOADS = tuple(str(c) for c in OffloadKind)
 ENGINES = tuple(str(c) for c in EngineKind)
+DROPOUT_METHODS = ("lora", "qlora", "lora-fa", "vera")
+"""Methods whose adapters take ``lora_dropout`` (PEFT ``LoraConfig.lora_dropout`` on LoRA,
+QLoRA and LoRA-FA's LoRA model; ``VeraConfig.vera_dropout``)."""
 
 KEYS: dict[str, tuple[str, str]] = {
     field_key(f): (part, f.name) for part, cls in PARTS.items() for f in fields(cls)}
@@ -130,6 +133,12 @@ class Recipe:
             p.add("method=adapter needs adapter_params > 0: the number of parameters your "
                   "adapter trains (e.g. --adapter-params 4194304). For a named PEFT method use "
                   "its own method (lora, dora, ia3, ...).")
+        if m.lora_dropout > 0 and m.kind not in DROPOUT_METHODS:
+            why = ("PEFT's DoRA with dropout recomputes the base output on the dropped input "
+                   "(peft 0.21.2 lora/variants.py DoraLinearVariant.forward), which memplan "
+                   "does not model" if m.kind == "dora" else "it has no adapter dropout")
+            p.add(f"lora_dropout={m.lora_dropout} with method={m.kind}: {why}. Use "
+                  f"lora_dropout=0, or one of {', '.join(DROPOUT_METHODS)}.")
         impl = self.optimizer.impl
         if impl != "auto" and par.zero >= 1 and str(self.engine_kind) in ("deepspeed", "megatron"):
             p.add(f"optimizer_impl={impl} picks a torch.optim implementation, but "

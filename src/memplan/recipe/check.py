@@ -76,8 +76,9 @@ def _check(p: Problems, key: str, kind: Any, value: Any, meta: Any) -> Any:
             p.add(f"{key}={value!r} must be a finite number{_bounds_text(meta)}."
                   f"{_fix(key, meta)}")
             return value
-        lo, hi = meta.get("min"), meta.get("max")
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
+        lo, hi, below = meta.get("min"), meta.get("max"), meta.get("below")
+        if (lo is not None and value < lo) or (hi is not None and value > hi) or (
+                below is not None and value >= below):
             what = "a whole number" if kind is int else "a number"
             p.add(f"{key}={value!r} must be {what}{_bounds_text(meta)}.{_fix(key, meta)}")
         return value
@@ -96,7 +97,9 @@ def _fix(key: str, meta: Any) -> str:
 
 
 def _bounds_text(meta: Any) -> str:
-    lo, hi = meta.get("min"), meta.get("max")
+    lo, hi, below = meta.get("min"), meta.get("max"), meta.get("below")
+    if lo is not None and below is not None:  # an open upper bound (a probability < 1)
+        return f" >= {lo} and < {below}"
     if lo is not None and hi is not None:
         return f" from {lo} to {hi}"
     if lo is not None:

@@ -220,6 +220,19 @@ class Method:
     """LoRA rank r: each adapted linear (out x in) gains r x (in + out) trainable parameters."""
     lora_alpha: int = 32
     """LoRA scaling numerator; recorded for completeness, it does not change memory."""
+    lora_dropout: float = field(default=0.0, metadata={"min": 0.0, "below": 1.0})
+    """Dropout probability on each adapter's input (PEFT ``LoraConfig.lora_dropout`` /
+    ``VeraConfig.vera_dropout``, default 0: ``nn.Identity``; litgpt ``lora_dropout``). With
+    p > 0 every adapted linear runs ``lora_B(lora_A(dropout(x)))`` (peft 0.21.2
+    ``tuners/lora/layer.py`` ``Linear.forward``): one ``nn.Dropout`` per adapted linear, whose
+    mask (1 B per element on CUDA's ``native_dropout``, the input dtype on CPU) and output
+    (saved by ``lora_A``'s matmul for its weight gradient) stay until the backward. Applies to
+    ``lora``, ``qlora``, ``lora-fa`` and ``vera``; 0 for every other method."""
+    lora_dropout_qkv_shared: bool = False
+    """With ``lora_dropout`` > 0: the q, k and v adapters read one dropout of their common input,
+    as litgpt's fused ``LoRAQKVLinear`` does (``F.linear(self.lora_dropout(x), self.lora_A)``,
+    one ``lora_A`` for the enabled q/k/v; litgpt/lora.py @a2bc1403), so one mask and one dropped
+    input per layer instead of PEFT's one per adapted linear (false)."""
     lora_targets: tuple[str, ...] = field(default=LORA_TARGETS, metadata={
         "choices": LORA_TARGETS + (LORA_HEAD,), "all": LORA_TARGETS})
     """Which linears get adapters: comma list of ``q,k,v,o,gate,up,down`` (``all-linear`` =

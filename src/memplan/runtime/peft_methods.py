@@ -6,12 +6,12 @@
 =============  ================================================================================
 method         applied as
 =============  ================================================================================
-dora           ``LoraConfig(r, lora_alpha, target_modules, lora_dropout=0, use_dora=True)``
+dora           ``LoraConfig(r, lora_alpha, target_modules, lora_dropout, use_dora=True)``
 lora-fa        ``LoraConfig(...)`` with every ``lora_A`` frozen, as
                ``peft.optimizers.create_lorafa_optimizer`` does (the recipe's optimizer then
                steps ``lora_B``; PEFT's ``LoraFAOptimizer`` is AdamW with B's gradient
                projected through A, r x r temporaries)
-vera           ``VeraConfig(r, target_modules, vera_dropout=0)``
+vera           ``VeraConfig(r, target_modules, vera_dropout)``
 ia3            ``IA3Config(target_modules, feedforward_modules)``: PEFT's default modules of the
                family (``memplan.estimate.peft.ia3_roles``)
 prompt-tuning  ``PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens)``
@@ -58,12 +58,13 @@ def peft_config(recipe: Recipe, spec: ModelSpec) -> Any:
     kind = m.kind
     conv1d = spec.model_type == "gpt2"  # GPT-2's Conv1D stores weights (in, out)
     if kind in ("dora", "lora-fa", "lora"):
-        return peft.LoraConfig(r=m.lora_rank, lora_alpha=m.lora_alpha, lora_dropout=0.0,
+        return peft.LoraConfig(r=m.lora_rank, lora_alpha=m.lora_alpha,
+                               lora_dropout=m.lora_dropout,
                                target_modules=target_modules(spec, m.lora_targets),
                                use_dora=kind == "dora", fan_in_fan_out=conv1d)
     if kind == "vera":
         return peft.VeraConfig(r=m.lora_rank, target_modules=target_modules(spec, m.lora_targets),
-                               vera_dropout=0.0, fan_in_fan_out=conv1d)
+                               vera_dropout=m.lora_dropout, fan_in_fan_out=conv1d)
     if kind == "ia3":
         roles, ff = ia3_roles(spec.model_type)
         return peft.IA3Config(target_modules=target_modules(spec, roles),

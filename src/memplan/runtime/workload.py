@@ -12,7 +12,7 @@ precision             ``32-true``: fp32 weights; ``bf16-mixed``/``16-mixed``: fp
 optimizer             ``torch.optim.AdamW`` / ``Adam`` / ``SGD`` (``sgd-momentum``: momentum 0.9) /
                       ``Adafactor``, over the trainable parameters, default (non-fused) kernels
 method                ``lora``: PEFT ``get_peft_model`` with ``LoraConfig(r, lora_alpha,
-                      target_modules, lora_dropout=0)``, adapters in ``adapter_dtype``;
+                      target_modules, lora_dropout)``, adapters in ``adapter_dtype``;
                       ``freeze``: only the last ``freeze_trainable_layers`` blocks train.
                       Under ``-mixed`` the frozen weights are 16-bit and the trained ones fp32,
                       as after loading with ``torch_dtype=bfloat16`` (PEFT upcasts adapters,
@@ -206,7 +206,8 @@ def _apply_lora(model: Any, recipe: Recipe, torch: Any, spec: Any = None) -> Any
         raise TraceError(f"lora_targets={','.join(recipe.method.lora_targets)} match no nn.Linear of "
                          f"this model (its linear layers: {', '.join(sorted(present)) or 'none'}).")
     cfg = peft.LoraConfig(r=recipe.method.lora_rank, lora_alpha=recipe.method.lora_alpha,
-                          target_modules=targets, lora_dropout=0.0)
+                          target_modules=targets,
+                          lora_dropout=recipe.method.lora_dropout)
     model = peft.get_peft_model(model, cfg)
     # PEFT upcasts adapters of 16-bit bases to fp32 (autocast_adapter_dtype); the recipe's
     # adapter_dtype says what the user keeps.

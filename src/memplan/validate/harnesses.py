@@ -300,8 +300,9 @@ def _peft(model: Any, recipe: Recipe, config_path: str = "") -> int:
         from ..model.peft_targets import target_modules
 
         targets = target_modules(load_model(config_path), roles - {LORA_HEAD}) + [LORA_HEAD]
-    model = peft.get_peft_model(model, peft.LoraConfig(r=_k(recipe)["lora_rank"],
-                                                       target_modules=targets))
+    model = peft.get_peft_model(model, peft.LoraConfig(
+        r=_k(recipe)["lora_rank"], target_modules=targets,
+        lora_dropout=recipe.method.lora_dropout))
     return _plain(model, recipe)
 
 

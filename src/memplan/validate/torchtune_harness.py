@@ -93,7 +93,8 @@ def _build(cfg: dict[str, Any], k: dict[str, Any]) -> Any:
     targets = [_TARGETS[t] for t in k["lora_targets"] if t in _TARGETS]
     return (lora_qwen2 if qwen else lora_llama3)(
         targets, apply_lora_to_mlp="gate" in k["lora_targets"], apply_lora_to_output=False,
-        lora_rank=k["lora_rank"], lora_alpha=float(k["lora_alpha"]), lora_dropout=0.0, **sizes)
+        lora_rank=k["lora_rank"], lora_alpha=float(k["lora_alpha"]),
+        lora_dropout=float(k["lora_dropout"]), **sizes)
 
 
 _INSTALL = (f"pip install --no-deps --target <venv>/torchtune-site torchtune=={TORCHTUNE_VERSION} "

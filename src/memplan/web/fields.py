@@ -17,7 +17,8 @@ __all__ = ["FieldSpec", "recipe_fields", "UPPER"]
 
 UPPER: dict[str, float] = {
     "micro_batch": 65536, "seq_len": 4_194_304, "grad_accum": 1_000_000, "gpus": 1_048_576,
-    "gpus_per_node": 1024, "lora_rank": 65536, "lora_alpha": 1_000_000, "tp": 4096, "pp": 4096,
+    "gpus_per_node": 1024, "lora_rank": 65536, "lora_alpha": 1_000_000, "lora_dropout": 0.999,
+    "tp": 4096, "pp": 4096,
     "pp_virtual": 1024, "cp": 4096, "ep": 4096, "hybrid_shard": 1_048_576, "zero": 3,
     "freeze_trainable_layers": 100_000, "virtual_tokens": 1_000_000,
     "adapter_params": 10**13, "moe_capacity_factor": 1000.0,

@@ -56,6 +56,8 @@ def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
                act=int(act), half=int(half), amp=amp,
                trained=full, cpu=recipe.platform.device == "cpu",
                lora_rank=m.lora_rank if adapted else 0,
+               lora_dropout=float(m.lora_dropout) if adapted else 0.0,
+               qkv_dropout_shared=m.lora_dropout_qkv_shared,
                lora_targets=adapted_roles(spec, recipe) if adapted else frozenset(),
                method=("lora" if lora else str(m.kind)) if adapted else "",
                ia3_ff=ia3_roles(spec.model_type)[1] if m.kind == "ia3" else frozenset(),

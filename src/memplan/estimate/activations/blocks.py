@@ -25,6 +25,8 @@ class Blocks:
         self.g, self.c = g, ctx
         self.prefix: Tensor | None = None
         """Prefix tuning's learned keys and values of every layer (``families._input_side``)."""
+        self.qkv_dropped: tuple[Tensor, Tensor] | None = None
+        """The last (input, dropped input) of a q/k/v adapter (``peft_ops``, shared dropout)."""
 
     def new(self, numel: int, itemsize: int, grad: bool = True, keep: bool = False) -> Tensor:
         return Tensor(int(numel) * itemsize, itemsize, grad, keep)
@@ -156,7 +158,7 @@ class Blocks:
                   params=pg, kind="mm", save="never" if always_recompute else "" if bias else "mm",
                   bwd_temp=bwd)
         if adapted:
-            y = peft_ops.adapt(self, x, y, n_in, n_out, t, bias=bias)
+            y = peft_ops.adapt(self, x, y, n_in, n_out, t, bias=bias, role=role)
         if c.sp > 1 and tokens is None and role in (("o",), ("down",)):
             # row-parallel output reduce-scattered back to this rank's sequence shard
             rs = self.new(t // c.sp * n_out, y.itemsize, y.grad)

@@ -24,6 +24,10 @@ class Ctx:
     """The base model trains (full fine-tuning): norms, linears and embeddings get gradients."""
     lora_rank: int = 0
     """LoRA rank (0: no adapters)."""
+    lora_dropout: float = 0.0
+    """Dropout probability on each adapter's input (``Method.lora_dropout``; 0: identity)."""
+    qkv_dropout_shared: bool = False
+    """q, k and v adapters share one dropout of their input (``Method.lora_dropout_qkv_shared``)."""
     lora_targets: frozenset[str] = frozenset()
     """Roles of the linears that get adapters (``q``, ``k``, ``v``, ``o``, ``gate``, ``up``,
     ``down``)."""

@@ -1,5 +1,4 @@
-"""What PEFT's adapter modules add to a frozen linear's forward, as ``Graph`` ops (PEFT 0.21.2,
-lora_dropout / vera_dropout 0, so dropout is ``nn.Identity``):
+"""What PEFT's adapter modules add to a frozen linear's forward, as ``Graph`` ops (PEFT 0.21.2):
 
 - **LoRA** (``lora/layer.py`` ``Linear.forward``): ``x`` cast to the adapter dtype, ``lora_A``
   (saves that input), ``lora_B`` (saves the r-wide intermediate), ``* scaling``, added to the
@@ -15,7 +14,14 @@ lora_dropout / vera_dropout 0, so dropout is ``nn.Identity``):
 - **IA3** (``ia3/layer.py``): ``base(x) * l`` (saves the base output) or, on feed-forward
   targets, ``base(x.to(l.dtype) * l)`` (saves the cast input).
 
-Under autocast every adapter matmul runs in 16 bits on cast copies (``blocks.py``)."""
+Under autocast every adapter matmul runs in 16 bits on cast copies (``blocks.py``).
+
+With ``lora_dropout`` / ``vera_dropout`` p > 0 (``Ctx.lora_dropout``), the adapter input goes
+through ``nn.Dropout`` after its cast to the adapter dtype (``lora_B(lora_A(dropout(x)))``,
+``F.linear(dropout(x), sliced_A)``). PEFT builds one ``nn.Dropout`` per adapted linear
+(``LoraLayer.update_layer``), so q, k and v each keep their own mask, and a trained ``lora_A``
+keeps its own dropped input; with p = 0 the module is ``nn.Identity`` and adds nothing. litgpt's
+fused ``LoRAQKVLinear`` drops the attention input once for q, k and v (``Ctx.qkv_dropout_shared``)."""
 
 from __future__ import annotations
 
@@ -27,6 +33,8 @@ if TYPE_CHECKING:
     from .blocks import Blocks
 
 __all__ = ["adapt", "ia3_input", "prefix_kv"]
+
+_QKV = frozenset({"q", "k", "v"})
 
 
 def _mm(b: Blocks, x: Tensor, n_in: int, n_out: int, t: int, *, trained: bool) -> Tensor:
@@ -44,19 +52,32 @@ def _mm(b: Blocks, x: Tensor, n_in: int, n_out: int, t: int, *, trained: bool) -
     return out
 
 
+def _dropped(b: Blocks, x: Tensor, role: tuple[str, ...]) -> Tensor:
+    """``dropout(x.to(adapter dtype))``; with a shared q/k/v dropout, the one made for the same
+    input by the layer's previous q/k/v adapter."""
+    c = b.c
+    shared = c.qkv_dropout_shared and c.lora_dropout > 0 and bool(role) and _QKV.issuperset(role)
+    if shared and b.qkv_dropped is not None and b.qkv_dropped[0] is x:
+        return b.qkv_dropped[1]
+    xd = b.dropout(b.cast(x, c.adapter), c.lora_dropout)
+    if shared:
+        b.qkv_dropped = (x, xd)
+    return xd
+
+
 def _lora_branch(b: Blocks, x: Tensor, n_in: int, n_out: int, t: int, *,
-                 frozen_a: bool = False) -> Tensor:
-    """``lora_B(lora_A(x))`` with ``x`` cast to the adapter dtype first."""
+                 frozen_a: bool = False, role: tuple[str, ...] = ()) -> Tensor:
+    """``lora_B(lora_A(dropout(x)))`` with ``x`` cast to the adapter dtype first."""
     r = b.c.lora_rank
-    xa = b.cast(x, b.c.adapter)
+    xa = _dropped(b, x, role)
     mid = _mm(b, xa, n_in, r, t, trained=not frozen_a)
     return _mm(b, mid, r, n_out, t, trained=True)
 
 
 def adapt(b: Blocks, x: Tensor, y: Tensor, n_in: int, n_out: int, t: int, *,
-          bias: bool = False) -> Tensor:
+          bias: bool = False, role: tuple[str, ...] = ()) -> Tensor:
     """The output of an adapted frozen linear (input ``x``, base output ``y``; ``bias``: the
-    base linear has one)."""
+    base linear has one; ``role``: its roles, for a shared q/k/v dropout)."""
     c, kind = b.c, b.c.method
     if kind == "ia3":
         # (result * l).to(result dtype): promoted to the vector's dtype, saves the base output
@@ -64,7 +85,7 @@ def adapt(b: Blocks, x: Tensor, y: Tensor, n_in: int, n_out: int, t: int, *,
         return b.cast(scaled, y.itemsize)
     if kind == "vera":
         r = c.lora_rank
-        xa = b.cast(x, c.adapter)
+        xa = _dropped(b, x, role)
         u = _mm(b, xa, n_in, r, t, trained=False)
         d = b.mul(u, b.new(r, c.adapter, True), itemsize=max(u.itemsize, c.adapter))
         w = _mm(b, d, r, n_out, t, trained=False)
@@ -72,7 +93,7 @@ def adapt(b: Blocks, x: Tensor, y: Tensor, n_in: int, n_out: int, t: int, *,
         return b.cast(b.add(y, bw), y.itemsize)
     if kind == "dora":
         return _dora(b, x, y, n_in, n_out, t, bias=bias)
-    out = _lora_branch(b, x, n_in, n_out, t, frozen_a=kind == "lora-fa")
+    out = _lora_branch(b, x, n_in, n_out, t, frozen_a=kind == "lora-fa", role=role)
     return b.cast(b.add(y, b.scale(out)), y.itemsize)
 
 
