@@ -1,0 +1,136 @@
+"""DeepSpeed ZeRO-3: the 16-bit parameters gathered at each moment of a step, from the rules of
+the parameter coordinator and the recipe's four ZeRO-3 knobs (issue #11 item 1).
+
+DeepSpeed 0.19.8, ``deepspeed/runtime/zero/partitioned_param_coordinator.py``
+(``PartitionedParameterCoordinator``) and ``parameter_offload.py``:
+
+1. **Persistent parameters** (``ds_numel <= stage3_param_persistence_threshold``,
+   ``mark_persistent_parameters``) are gathered once and never released
+   (``__params_to_release`` skips ``ds_persist``): ``model_states`` counts them on their own line.
+2. **Fetch.** A module's direct parameters are all-gathered at its pre-forward (and pre-backward)
+   hook, ``fetch_sub_module``; every module with parameters is one *use* in the step's trace.
+3. **Trace.** ``__trace_mode`` starts ``INVALID``; ``reset_step`` (the model's forward pre-hook)
+   makes it ``RECORD`` at step 1 and ``COMPLETE`` at step 2. Until the trace is complete a
+   module's parameters are released at its post-forward/post-backward (one module at a time);
+   from the second step the two rules below apply.
+4. **Reuse distance.** ``__params_to_release`` walks the uses after the current one, summing their
+   ``ds_numel`` (persistent ones too), until ``stage3_max_reuse_distance`` elements; a parameter
+   seen again before that stays gathered. In forward, module ``i``'s next use is its own backward,
+   ``2 x`` (the elements of the modules after it) away: with the default 1e9 the last modules of
+   the network stay gathered from their forward to their backward.
+5. **Prefetch.** After each fetch, ``fetch_sub_module`` pops the parameter queue (every use in
+   trace order) and all-gathers the not-yet-gathered ones until ``min(stage3_max_live_parameters
+   - n_available, stage3_prefetch_bucket_size)`` elements are in flight; a parameter popped for a
+   later use is not released before that use (``__most_recent_step_id_param_fetched_for``).
+   ``stage3_max_live_parameters`` only bounds prefetch: a module's own fetch is never refused.
+
+On one rank the "gathered" parameter is a view of its partition (``partition_parameters.py``
+``_no_gather_coalesced`` -> ``NoGatherHandle``: ``param.ds_tensor.data.to(device)``, the same
+device): no extra bytes, so this module is used only when the parameters are sharded.
+
+Known limitations: a module's parameters are modelled as the tensors memplan lists (a Linear's
+weight and bias as two uses), in the order of the model's layer list; the recompute of
+activation checkpointing (its extra forward uses in backward) is not modelled; the first step's
+one-module-at-a-time gathering is not separated from the steady step's (the larger one is kept).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..recipe import Recipe
+from ..units import dtype_bytes
+from .layout import Held, Stage
+from .states import quantized_bytes
+
+__all__ = ["Use", "live_gathered", "zero3_gathered_peaks", "zero3_live_applies"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Use:
+    """One module's parameters in the trace (a use in forward, another in backward)."""
+
+    numel: int
+    """``ds_numel``: elements, counted by the reuse walk and the prefetch budget."""
+    nbytes: int
+    """Bytes of the gathered tensor (16-bit, packed for a quantized base)."""
+    persistent: bool = False
+    """Always gathered (``ds_persist``): never fetched, released or prefetched."""
+
+
+def live_gathered(mods: Sequence[Use], *, max_live: int, reuse: int,
+                  prefetch: int) -> tuple[int, int]:
+    """Largest bytes of non-persistent gathered parameters in forward and in backward of a step
+    with a complete trace (module docstring, rules 2-5), modules given in forward order.
+
+    Returns ``(forward_peak, backward_peak)``; each is the gathered bytes while a module
+    computes (after its fetch and the prefetch it starts, before its release)."""
+    order = list(range(len(mods))) + list(reversed(range(len(mods))))
+    gathered: set[int] = set()
+    n_avail = 0
+    fetched_for = [-1] * len(mods)
+    queue = deque(range(len(order)))
+    peaks = [0, 0]
+    for t, m in enumerate(order):
+        if not mods[m].persistent and m not in gathered:
+            gathered.add(m)
+            n_avail += mods[m].numel
+        if fetched_for[m] < t and queue:  # the current use leaves the queue
+            queue.popleft()
+        budget, inflight, this_round = min(max_live - n_avail, prefetch), 0, set()
+        while prefetch > 0 and queue and inflight < budget:
+            u = queue.popleft()
+            p = order[u]
+            fetched_for[p] = max(fetched_for[p], u)
+            if not mods[p].persistent and p not in gathered and p not in this_round:
+                this_round.add(p)
+                inflight += mods[p].numel
+        for p in this_round:
+            gathered.add(p)
+            n_avail += mods[p].numel
+        live = sum(mods[p].nbytes for p in gathered)
+        half = 0 if t < len(mods) else 1
+        peaks[half] = max(peaks[half], live)
+        if mods[m].persistent or fetched_for[m] > t:
+            continue
+        walked = 0
+        for u in range(t + 1, len(order)):
+            if walked >= reuse:
+                break
+            if order[u] == m:
+                break
+            walked += mods[order[u]].numel
+        else:
+            walked = reuse  # not used again this step
+        if walked >= reuse or t + 1 >= len(order):
+            gathered.discard(m)
+            n_avail -= mods[m].numel
+    return peaks[0], peaks[1]
+
+
+def zero3_live_applies(recipe: Recipe) -> bool:
+    """DeepSpeed ZeRO-3 with parameters sharded over more than one rank, one pipeline stage."""
+    par = recipe.parallelism
+    return (str(recipe.engine_kind) == "deepspeed" and par.zero == 3 and par.shard_degree > 1
+            and par.pp == 1)
+
+
+def _bytes(h: Held, recipe: Recipe, cb: float) -> int:
+    return math.ceil(quantized_bytes(h.numel, h.tensor.shape[0], recipe.method.quant)
+                     if h.quantized else h.numel * cb)
+
+
+def zero3_gathered_peaks(stage: Stage, recipe: Recipe, compute_dtype: str) -> tuple[int, int]:
+    """``live_gathered`` over this stage's tensors (units in order, the embedding first), with
+    the recipe's knobs; persistence as ``model_states`` counts it (quantized tensors never)."""
+    e, cb = recipe.engine, dtype_bytes(compute_dtype)
+    limit = e.stage3_param_persistence_threshold
+    mods = [Use(numel=h.numel, nbytes=_bytes(h, recipe, cb),
+                persistent=not h.quantized and h.numel <= limit)
+            for unit in stage.units for h in unit]
+    return live_gathered(mods, max_live=e.stage3_max_live_parameters,
+                         reuse=e.stage3_max_reuse_distance,
+                         prefetch=e.stage3_prefetch_bucket_size)
