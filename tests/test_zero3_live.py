@@ -3,34 +3,44 @@ module sequences: forward order a, b, c then backward c, b, a."""
 
 from memplan.estimate.zero3_live import Use, live_gathered
 
+
+def peaks(mods, **kw):
+    g = live_gathered(mods, **kw)
+    return g.forward_peak, g.backward_peak
+
 MODS = [Use(numel=10, nbytes=20), Use(numel=10, nbytes=20), Use(numel=10, nbytes=20)]
 
 
 def test_no_reuse_no_prefetch_gathers_one_module_at_a_time():
-    assert live_gathered(MODS, max_live=10**9, reuse=0, prefetch=0) == (20, 20)
+    assert peaks(MODS, max_live=10**9, reuse=0, prefetch=0) == (20, 20)
 
 
 def test_default_reuse_keeps_every_module_to_its_backward():
     # reuse 1e9 > the whole trace: nothing is released before its backward use
-    assert live_gathered(MODS, max_live=10**9, reuse=10**9, prefetch=0) == (60, 60)
+    g = live_gathered(MODS, max_live=10**9, reuse=10**9, prefetch=0)
+    assert g.per_use == (20, 40, 60, 60, 40, 20) and g.after_forward == 60
 
 
 def test_reuse_distance_keeps_only_modules_reused_soon():
     # c: reused at once (0 elements between) -> kept; b: c fwd + c bwd = 20 elements between,
     # not < 15 -> released; a: 40 -> released. Forward peak: a alone, b alone, then c.
-    assert live_gathered(MODS, max_live=10**9, reuse=15, prefetch=0) == (20, 20)
+    assert peaks(MODS, max_live=10**9, reuse=15, prefetch=0) == (20, 20)
     # reuse 25: b kept too (20 < 25); at c's forward b and c are gathered, c's backward as well
-    assert live_gathered(MODS, max_live=10**9, reuse=25, prefetch=0) == (40, 40)
+    assert peaks(MODS, max_live=10**9, reuse=25, prefetch=0) == (40, 40)
 
 
 def test_prefetch_gathers_ahead_and_max_live_caps_it():
     # prefetch 10: at a, b is gathered ahead -> two modules at a time
-    fwd, _ = live_gathered(MODS, max_live=10**9, reuse=0, prefetch=10)
+    fwd, _ = peaks(MODS, max_live=10**9, reuse=0, prefetch=10)
     assert fwd == 40
     # max_live 10: a alone already holds 10 elements, so nothing is prefetched
-    assert live_gathered(MODS, max_live=10, reuse=0, prefetch=10) == (20, 20)
+    assert peaks(MODS, max_live=10, reuse=0, prefetch=10) == (20, 20)
 
 
 def test_persistent_modules_are_not_counted():
     mods = [Use(numel=1, nbytes=2, persistent=True)] + MODS
-    assert live_gathered(mods, max_live=10**9, reuse=0, prefetch=0) == (20, 20)
+    assert peaks(mods, max_live=10**9, reuse=0, prefetch=0) == (20, 20)
+
+
+def test_reuse_zero_keeps_nothing_into_the_backward():
+    assert live_gathered(MODS, max_live=10**9, reuse=0, prefetch=0).after_forward == 0

@@ -24,7 +24,7 @@ from .fsdp2_units import fsdp2_per_moment
 from .layout import Held, Stage
 from .lines import Line
 from .states import optimizer_state_bytes, quantized_bytes
-from .zero3_live import zero3_gathered_peaks, zero3_live_applies
+from .zero3_live import zero3_live_applies
 
 __all__ = ["model_state_items"]
 
@@ -246,7 +246,7 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
     elif recipe.parallelism.zero == 3 and recipe.parallelism.shard_degree > 1:
         unit = stage.largest_unit_numel
         if zero3_live_applies(recipe):
-            out += _deepspeed_gathered(stage, recipe, dt)
+            pass  # gathered parameters per instant: zero3_live.py
         else:
             gathered = max((sum(quantized_bytes(h.numel, h.tensor.shape[0], recipe.method.quant)
                                 if h.quantized else h.numel * cb for h in u)
@@ -320,18 +320,3 @@ def _reduce_bucket(recipe: Recipe, gb: float) -> Line:
 def _line(*, phases: tuple[Phase, ...] = ALL_PHASES, **kw) -> Line:
     return Line(Item(**kw), phases)
 
-
-def _deepspeed_gathered(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
-    """DeepSpeed ZeRO-3's gathered 16-bit parameters, largest in forward and in backward, from
-    the coordinator's rules and the recipe's stage3 knobs (zero3_live.py)."""
-    e = recipe.engine
-    fwd, bwd = zero3_gathered_peaks(stage, recipe, dt.compute)
-    knobs = (f"stage3_max_reuse_distance {e.stage3_max_reuse_distance:.3g}, "
-             f"stage3_prefetch_bucket_size {e.stage3_prefetch_bucket_size:.3g}, "
-             f"stage3_max_live_parameters {e.stage3_max_live_parameters:.3g}")
-    src = ("DeepSpeed 0.19.8 partitioned_param_coordinator.py fetch_sub_module / "
-           "__params_to_release, simulated over the step's trace (estimate/zero3_live.py)")
-    return [_line(category=Category.COMMUNICATION, name=f"ZeRO-3 gathered parameters ({what})",
-                  bytes=b, phases=(ph,), formula=f"largest set gathered in {what}: the current "
-                  f"module, those kept for reuse and those prefetched ({knobs}); {src}")
-            for what, b, ph in (("forward", fwd, F), ("backward", bwd, B))]

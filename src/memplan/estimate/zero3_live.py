@@ -31,7 +31,7 @@ device): no extra bytes, so this module is used only when the parameters are sha
 Known limitations: a module's parameters are modelled as the tensors memplan lists (a Linear's
 weight and bias as two uses), in the order of the model's layer list; the recompute of
 activation checkpointing (its extra forward uses in backward) is not modelled; the first step's
-one-module-at-a-time gathering is not separated from the steady step's (the larger one is kept).
+one-module-at-a-time gathering is not separated from the steady step's (the larger one is kept);\na layer's instant holds the most gathered while any of its modules runs.
 """
 
 from __future__ import annotations
@@ -39,14 +39,17 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from ..breakdown import Category, Item, Phase
+from ..facts import Dtypes
 from ..recipe import Recipe
 from ..units import dtype_bytes
 from .layout import Held, Stage
 from .states import quantized_bytes
+from .timeline import Instant
 
-__all__ = ["Use", "live_gathered", "zero3_gathered_peaks", "zero3_live_applies"]
+__all__ = ["Gathered", "Use", "live_gathered", "zero3_instants", "zero3_live_applies"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,20 +64,42 @@ class Use:
     """Always gathered (``ds_persist``): never fetched, released or prefetched."""
 
 
-def live_gathered(mods: Sequence[Use], *, max_live: int, reuse: int,
-                  prefetch: int) -> tuple[int, int]:
-    """Largest bytes of non-persistent gathered parameters in forward and in backward of a step
-    with a complete trace (module docstring, rules 2-5), modules given in forward order.
+@dataclass(frozen=True, slots=True)
+class Gathered:
+    """Bytes of non-persistent gathered parameters through one step with a complete trace."""
 
-    Returns ``(forward_peak, backward_peak)``; each is the gathered bytes while a module
-    computes (after its fetch and the prefetch it starts, before its release)."""
+    per_use: tuple[int, ...]
+    """At each use (forward: modules 0..M-1, then backward: M-1..0), after its fetch and the
+    prefetch it starts, before its release."""
+    after_forward: int
+    """Kept from the forward to the backward: gathered after the last forward release, before
+    the first backward fetch (the loss and its backward run then)."""
+
+    @property
+    def forward_peak(self) -> int:
+        """Largest gathered bytes in forward."""
+        return max(self.per_use[: len(self.per_use) // 2], default=0)
+
+    @property
+    def backward_peak(self) -> int:
+        """Largest gathered bytes in backward."""
+        return max(self.per_use[len(self.per_use) // 2:], default=0)
+
+
+def live_gathered(mods: Sequence[Use], *, max_live: int, reuse: int,
+                  prefetch: int) -> Gathered:
+    """Non-persistent gathered bytes through a step with a complete trace (module docstring,
+    rules 2-5), modules given in forward order."""
     order = list(range(len(mods))) + list(reversed(range(len(mods))))
     gathered: set[int] = set()
     n_avail = 0
     fetched_for = [-1] * len(mods)
     queue = deque(range(len(order)))
-    peaks = [0, 0]
+    per_use: list[int] = []
+    after_forward = 0
     for t, m in enumerate(order):
+        if t == len(mods):
+            after_forward = sum(mods[p].nbytes for p in gathered)
         if not mods[m].persistent and m not in gathered:
             gathered.add(m)
             n_avail += mods[m].numel
@@ -91,9 +116,7 @@ def live_gathered(mods: Sequence[Use], *, max_live: int, reuse: int,
         for p in this_round:
             gathered.add(p)
             n_avail += mods[p].numel
-        live = sum(mods[p].nbytes for p in gathered)
-        half = 0 if t < len(mods) else 1
-        peaks[half] = max(peaks[half], live)
+        per_use.append(sum(mods[p].nbytes for p in gathered))
         if mods[m].persistent or fetched_for[m] > t:
             continue
         walked = 0
@@ -105,10 +128,10 @@ def live_gathered(mods: Sequence[Use], *, max_live: int, reuse: int,
             walked += mods[order[u]].numel
         else:
             walked = reuse  # not used again this step
-        if walked >= reuse or t + 1 >= len(order):
+        if walked >= reuse:
             gathered.discard(m)
             n_avail -= mods[m].numel
-    return peaks[0], peaks[1]
+    return Gathered(per_use=tuple(per_use), after_forward=after_forward)
 
 
 def zero3_live_applies(recipe: Recipe) -> bool:
@@ -123,7 +146,7 @@ def _bytes(h: Held, recipe: Recipe, cb: float) -> int:
                      if h.quantized else h.numel * cb)
 
 
-def zero3_gathered_peaks(stage: Stage, recipe: Recipe, compute_dtype: str) -> tuple[int, int]:
+def zero3_gathered(stage: Stage, recipe: Recipe, compute_dtype: str) -> Gathered:
     """``live_gathered`` over this stage's tensors (units in order, the embedding first), with
     the recipe's knobs; persistence as ``model_states`` counts it (quantized tensors never)."""
     e, cb = recipe.engine, dtype_bytes(compute_dtype)
@@ -134,3 +157,49 @@ def zero3_gathered_peaks(stage: Stage, recipe: Recipe, compute_dtype: str) -> tu
     return live_gathered(mods, max_live=e.stage3_max_live_parameters,
                          reuse=e.stage3_max_reuse_distance,
                          prefetch=e.stage3_prefetch_bucket_size)
+
+
+def zero3_instants(stage: Stage, recipe: Recipe, dt: Dtypes,
+                   instants: list[Instant]) -> list[Instant]:
+    """``instants`` with DeepSpeed's gathered parameters of each one added.
+
+    ``stage.units`` is (embedding, layer 0 .. layer L-1, head); an instant of region ``layer i``
+    holds the most gathered while that layer's modules run, ``embedding`` the embedding's, any
+    other forward region the head's; in backward, ``loss`` holds what the forward kept
+    (``Gathered.after_forward``) and any other region the head's backward."""
+    g = zero3_gathered(stage, recipe, dt.compute)
+    sizes = [len(u) for u in stage.units]
+    starts = [sum(sizes[:k]) for k in range(len(sizes))]
+    n_mods, last = sum(sizes), len(sizes) - 1
+
+    def most(unit: int, backward: bool) -> int:
+        idx = range(starts[unit], starts[unit] + sizes[unit])
+        pos = [2 * n_mods - 1 - k if backward else k for k in idx]
+        return max((g.per_use[k] for k in pos), default=0)
+
+    out = []
+    for inst in instants:
+        region = inst.label.split(": ", 1)[-1]
+        bwd = inst.phase == Phase.BACKWARD
+        if region.startswith("layer ") and region[6:].isdigit() and int(region[6:]) + 1 < last:
+            b = most(int(region[6:]) + 1, bwd)
+        elif region == "embedding":
+            b = most(0, bwd)
+        elif bwd and region == "loss":
+            b = g.after_forward
+        else:
+            b = most(last, bwd)
+        item = Item(category=Category.COMMUNICATION, name="ZeRO-3 gathered parameters",
+                    bytes=b, formula=_formula(recipe))
+        out.append(replace(inst, items=inst.items + (item,)))
+    return out
+
+
+def _formula(recipe: Recipe) -> str:
+    e = recipe.engine
+    return ("the current module, those kept for reuse and those prefetched "
+            f"(stage3_max_reuse_distance {e.stage3_max_reuse_distance:.3g}, "
+            f"stage3_prefetch_bucket_size {e.stage3_prefetch_bucket_size:.3g}, "
+            f"stage3_max_live_parameters {e.stage3_max_live_parameters:.3g}); DeepSpeed 0.19.8 "
+            "partitioned_param_coordinator.py fetch_sub_module / __params_to_release, "
+            "simulated over the step's trace (estimate/zero3_live.py)")
