@@ -1,7 +1,7 @@
 """DeepSpeed ZeRO-3 gathered parameters per step (estimate/zero3_live.py), on hand-traced
 module sequences: forward order a, b, c then backward c, b, a."""
 
-from memplan.estimate.zero3_live import Use, live_gathered
+from memplan.estimate.zero3_live import Use, live_gathered, trace_order
 
 
 def peaks(mods, **kw):
@@ -44,3 +44,20 @@ def test_persistent_modules_are_not_counted():
 
 def test_reuse_zero_keeps_nothing_into_the_backward():
     assert live_gathered(MODS, max_live=10**9, reuse=0, prefetch=0).after_forward == 0
+
+
+def test_trace_order_reruns_a_checkpointed_unit_before_its_backward():
+    order, where = trace_order([1, 2, 1], [False, True, False])
+    assert order == [0, 1, 2, 3, 3, 1, 2, 2, 1, 0]
+    assert where[(1, True)] == [5, 6, 7, 8]
+
+
+def test_recompute_keeps_the_layer_gathered_through_its_backward():
+    # unit 1 (two modules of 10) recomputed: with reuse 25 each module stays from its rerun to
+    # its backward, so both are gathered at once (40 B), never more than one before
+    mods = [Use(numel=10, nbytes=20)] * 4
+    order, _ = trace_order([1, 2, 1], [False, True, False])
+    g = live_gathered(mods, max_live=10**9, reuse=25, prefetch=0, order=order)
+    assert max(g.per_use[5:9]) == 40
+    plain = live_gathered(mods, max_live=10**9, reuse=0, prefetch=0, order=order)
+    assert max(plain.per_use) == 20

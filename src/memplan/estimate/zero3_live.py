@@ -29,9 +29,12 @@ On one rank the "gathered" parameter is a view of its partition (``partition_par
 device): no extra bytes, so this module is used only when the parameters are sharded.
 
 Known limitations: a module's parameters are modelled as the tensors memplan lists (a Linear's
-weight and bias as two uses), in the order of the model's layer list; the recompute of
-activation checkpointing (its extra forward uses in backward) is not modelled; the first step's
-one-module-at-a-time gathering is not separated from the steady step's (the larger one is kept);\na layer's instant holds the most gathered while any of its modules runs.
+weight and bias as two uses), in the order of the model's layer list; full activation
+checkpointing reruns a layer's forward uses right before its backward (``trace_order``); the
+first step's one-module-at-a-time gathering is not separated from the steady step's (the larger
+one is kept); a layer's instant holds the most gathered while any of its modules runs; MoE
+experts are all taken as used (DeepSpeed's trace holds only the experts that got tokens, and a
+different set in the next step invalidates the trace).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from .layout import Held, Stage
 from .states import quantized_bytes
 from .timeline import Instant
 
-__all__ = ["Gathered", "Use", "live_gathered", "zero3_instants", "zero3_live_applies"]
+__all__ = ["Gathered", "Use", "live_gathered", "trace_order", "zero3_instants", "zero3_live_applies"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,23 +77,47 @@ class Gathered:
     after_forward: int
     """Kept from the forward to the backward: gathered after the last forward release, before
     the first backward fetch (the loss and its backward run then)."""
+    n_forward: int
+    """Uses in the forward (the first ``n_forward`` of ``per_use``)."""
 
     @property
     def forward_peak(self) -> int:
         """Largest gathered bytes in forward."""
-        return max(self.per_use[: len(self.per_use) // 2], default=0)
+        return max(self.per_use[: self.n_forward], default=0)
 
     @property
     def backward_peak(self) -> int:
         """Largest gathered bytes in backward."""
-        return max(self.per_use[len(self.per_use) // 2:], default=0)
+        return max(self.per_use[self.n_forward:], default=0)
 
 
-def live_gathered(mods: Sequence[Use], *, max_live: int, reuse: int,
-                  prefetch: int) -> Gathered:
+def trace_order(sizes: Sequence[int], recompute: Sequence[bool] = ()
+                ) -> tuple[list[int], dict[tuple[int, bool], list[int]]]:
+    """The step's uses of modules numbered in forward order, units of ``sizes`` modules each:
+    every module forward, then backward in reverse, a unit with ``recompute[unit]`` (activation
+    checkpointing) running its forward again right before its backward (its hooks fetch again:
+    ``fetch_sub_module`` in the recompute, ``in_checkpoint_recompute``). Returns the order and,
+    per ``(unit, backward)``, the positions in it."""
+    starts = [sum(sizes[:k]) for k in range(len(sizes))]
+    order: list[int] = []
+    where: dict[tuple[int, bool], list[int]] = {}
+    for k, n in enumerate(sizes):
+        where[(k, False)] = list(range(len(order), len(order) + n))
+        order += range(starts[k], starts[k] + n)
+    for k in reversed(range(len(sizes))):
+        mods = list(range(starts[k], starts[k] + sizes[k]))
+        again = mods if k < len(recompute) and recompute[k] else []
+        where[(k, True)] = list(range(len(order), len(order) + len(again) + len(mods)))
+        order += again + mods[::-1]
+    return order, where
+
+
+def live_gathered(mods: Sequence[Use], *, max_live: int, reuse: int, prefetch: int,
+                  order: Sequence[int] = ()) -> Gathered:
     """Non-persistent gathered bytes through a step with a complete trace (module docstring,
-    rules 2-5), modules given in forward order."""
-    order = list(range(len(mods))) + list(reversed(range(len(mods))))
+    rules 2-5), modules given in forward order; ``order``: the uses (``trace_order``; default
+    every module forward, then backward in reverse)."""
+    order = list(order) or list(range(len(mods))) + list(reversed(range(len(mods))))
     gathered: set[int] = set()
     n_avail = 0
     fetched_for = [-1] * len(mods)
@@ -131,7 +158,7 @@ def live_gathered(mods: Sequence[Use], *, max_live: int, reuse: int,
         if walked >= reuse:
             gathered.discard(m)
             n_avail -= mods[m].numel
-    return Gathered(per_use=tuple(per_use), after_forward=after_forward)
+    return Gathered(per_use=tuple(per_use), after_forward=after_forward, n_forward=len(mods))
 
 
 def zero3_live_applies(recipe: Recipe) -> bool:
@@ -146,17 +173,31 @@ def _bytes(h: Held, recipe: Recipe, cb: float) -> int:
                      if h.quantized else h.numel * cb)
 
 
-def zero3_gathered(stage: Stage, recipe: Recipe, compute_dtype: str) -> Gathered:
+def _recomputed(recipe: Recipe, n_layers: int) -> list[bool]:
+    """Per unit (embedding, layers, head): whether full activation checkpointing reruns it."""
+    ck = recipe.checkpointing
+    if str(ck.kind) != "full":
+        return []
+    every, first = ck.checkpoint_every, ck.checkpoint_layers or n_layers
+    return [False] + [(every == 1 or j % every == every - 1) and j < first
+                      for j in range(n_layers)] + [False]
+
+
+def zero3_gathered(stage: Stage, recipe: Recipe, compute_dtype: str
+                   ) -> tuple[Gathered, dict[tuple[int, bool], list[int]]]:
     """``live_gathered`` over this stage's tensors (units in order, the embedding first), with
-    the recipe's knobs; persistence as ``model_states`` counts it (quantized tensors never)."""
+    the recipe's knobs and checkpointing; persistence as ``model_states`` counts it (quantized
+    tensors never). Also the positions of each ``(unit, backward)`` in the trace."""
     e, cb = recipe.engine, dtype_bytes(compute_dtype)
     limit = e.stage3_param_persistence_threshold
     mods = [Use(numel=h.numel, nbytes=_bytes(h, recipe, cb),
                 persistent=not h.quantized and h.numel <= limit)
             for unit in stage.units for h in unit]
+    sizes = [len(u) for u in stage.units]
+    order, where = trace_order(sizes, _recomputed(recipe, len(sizes) - 2))
     return live_gathered(mods, max_live=e.stage3_max_live_parameters,
                          reuse=e.stage3_max_reuse_distance,
-                         prefetch=e.stage3_prefetch_bucket_size)
+                         prefetch=e.stage3_prefetch_bucket_size, order=order), where
 
 
 def zero3_instants(stage: Stage, recipe: Recipe, dt: Dtypes,
@@ -164,18 +205,15 @@ def zero3_instants(stage: Stage, recipe: Recipe, dt: Dtypes,
     """``instants`` with DeepSpeed's gathered parameters of each one added.
 
     ``stage.units`` is (embedding, layer 0 .. layer L-1, head); an instant of region ``layer i``
-    holds the most gathered while that layer's modules run, ``embedding`` the embedding's, any
-    other forward region the head's; in backward, ``loss`` holds what the forward kept
-    (``Gathered.after_forward``) and any other region the head's backward."""
-    g = zero3_gathered(stage, recipe, dt.compute)
-    sizes = [len(u) for u in stage.units]
-    starts = [sum(sizes[:k]) for k in range(len(sizes))]
-    n_mods, last = sum(sizes), len(sizes) - 1
+    holds the most gathered while that layer's modules run (its recompute included),
+    ``embedding`` the embedding's, any other forward region the head's; in backward, ``loss``
+    holds what the forward kept (``Gathered.after_forward``) and any other region the head's
+    backward."""
+    g, where = zero3_gathered(stage, recipe, dt.compute)
+    last = len(stage.units) - 1
 
     def most(unit: int, backward: bool) -> int:
-        idx = range(starts[unit], starts[unit] + sizes[unit])
-        pos = [2 * n_mods - 1 - k if backward else k for k in idx]
-        return max((g.per_use[k] for k in pos), default=0)
+        return max((g.per_use[k] for k in where[(unit, backward)]), default=0)
 
     out = []
     for inst in instants:
