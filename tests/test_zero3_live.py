@@ -61,3 +61,48 @@ def test_recompute_keeps_the_layer_gathered_through_its_backward():
     assert max(g.per_use[5:9]) == 40
     plain = live_gathered(mods, max_live=10**9, reuse=0, prefetch=0, order=order)
     assert max(plain.per_use) == 20
+
+
+def _gathered(model, device, **kw):
+    """'ZeRO-3 gathered parameters' per moment label of the steady step, and the peak."""
+    from memplan import Recipe, estimate
+
+    rank = estimate(model, Recipe.of(precision="bf16-mixed", engine="deepspeed", zero=3, **kw),
+                    device).ranks[0]
+    items = {f"{m.phase}/{m.label}": i.bytes for m in rank.moments for i in m.items
+             if i.name == "ZeRO-3 gathered parameters"}
+    return items, rank.peak_allocated_bytes
+
+
+def test_reuse_distance_moves_the_estimate(llama8b, h100):
+    # Llama-8B: the head (128256 x 4096) is used again right after its forward, so reuse 1e9
+    # keeps it gathered at the loss; a layer's modules are further than 1e9 elements from their
+    # backward (the head's forward and backward alone are 1.05e9), so they are released.
+    # Reuse 0 releases every module after its use: nothing is gathered at the loss.
+    keep, peak_keep = _gathered(llama8b, h100, gpus=8, stage3_prefetch_bucket_size=0)
+    drop, peak_drop = _gathered(llama8b, h100, gpus=8, stage3_prefetch_bucket_size=0,
+                                stage3_max_reuse_distance=0)
+    head = 128256 * 4096 * 2
+    loss = next(k for k in keep if k.startswith("backward") and k.endswith("loss"))
+    assert (keep[loss], drop.get(loss, 0)) == (head, 0)  # a 0 B item is left out
+    assert max(drop.values()) == head  # one module at a time: the largest, head or embedding
+    assert peak_keep > peak_drop
+
+
+def test_one_gpu_gathers_nothing_extra(llama8b, h100):
+    # a one-rank partition is the whole tensor: the gathered parameter is a view of it
+    # (partition_parameters.py _no_gather_coalesced), so no item
+    assert _gathered(llama8b, h100, gpus=1)[0] == {}
+
+
+def test_reuse_distance_round_trips_through_the_ds_config():
+    import json
+
+    from memplan import Recipe
+    from memplan.export import export
+    from memplan.export.deepspeed import from_ds_config
+
+    r = Recipe.of(engine="deepspeed", zero=3, gpus=2, stage3_max_reuse_distance=12345)
+    cfg = json.loads(export(r, "deepspeed").text)
+    assert cfg["zero_optimization"]["stage3_max_reuse_distance"] == 12345
+    assert from_ds_config(cfg).keys["stage3_max_reuse_distance"] == 12345
