@@ -43,6 +43,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from ..breakdown import Category, Item, Phase
 from ..facts import Dtypes
@@ -52,7 +53,8 @@ from .layout import Held, Stage
 from .states import quantized_bytes
 from .timeline import Instant
 
-__all__ = ["Gathered", "Use", "live_gathered", "trace_order", "zero3_instants", "zero3_live_applies"]
+__all__ = ["Gathered", "Use", "live_gathered", "trace_order", "zero3_instants",
+           "zero3_live_applies"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -117,19 +119,36 @@ def live_gathered(mods: Sequence[Use], *, max_live: int, reuse: int, prefetch: i
     """Non-persistent gathered bytes through a step with a complete trace (module docstring,
     rules 2-5), modules given in forward order; ``order``: the uses (``trace_order``; default
     every module forward, then backward in reverse)."""
-    order = list(order) or list(range(len(mods))) + list(reversed(range(len(mods))))
+    uses = tuple(order) or tuple(range(len(mods))) + tuple(reversed(range(len(mods))))
+    return _simulate(tuple(mods), uses, max_live, reuse, prefetch)
+
+
+@lru_cache(maxsize=256)
+def _simulate(mods: tuple[Use, ...], order: tuple[int, ...], max_live: int, reuse: int,
+              prefetch: int) -> Gathered:
+    """``live_gathered``'s loop, cached: a plan search asks for the same model and knobs with
+    many batch shapes."""
+    n = len(order)
+    # the reuse walk of __params_to_release, in O(1): elements of the uses strictly between
+    # t and the module's next use (persistent ones included); kept when below the distance
+    walk = [0] * (n + 1)
+    for t, m in enumerate(order):
+        walk[t + 1] = walk[t] + mods[m].numel
+    nxt, seen = [n] * n, {}
+    for t in range(n - 1, -1, -1):
+        nxt[t] = seen.get(order[t], n)
+        seen[order[t]] = t
     gathered: set[int] = set()
-    n_avail = 0
+    n_avail = live = after_forward = 0
     fetched_for = [-1] * len(mods)
-    queue = deque(range(len(order)))
+    queue = deque(range(n))
     per_use: list[int] = []
-    after_forward = 0
     for t, m in enumerate(order):
         if t == len(mods):
-            after_forward = sum(mods[p].nbytes for p in gathered)
+            after_forward = live
         if not mods[m].persistent and m not in gathered:
             gathered.add(m)
-            n_avail += mods[m].numel
+            n_avail, live = n_avail + mods[m].numel, live + mods[m].nbytes
         if fetched_for[m] < t and queue:  # the current use leaves the queue
             queue.popleft()
         budget, inflight, this_round = min(max_live - n_avail, prefetch), 0, set()
@@ -142,22 +161,13 @@ def live_gathered(mods: Sequence[Use], *, max_live: int, reuse: int, prefetch: i
                 inflight += mods[p].numel
         for p in this_round:
             gathered.add(p)
-            n_avail += mods[p].numel
-        per_use.append(sum(mods[p].nbytes for p in gathered))
+            n_avail, live = n_avail + mods[p].numel, live + mods[p].nbytes
+        per_use.append(live)
         if mods[m].persistent or fetched_for[m] > t:
             continue
-        walked = 0
-        for u in range(t + 1, len(order)):
-            if walked >= reuse:
-                break
-            if order[u] == m:
-                break
-            walked += mods[order[u]].numel
-        else:
-            walked = reuse  # not used again this step
-        if walked >= reuse:
+        if nxt[t] == n or walk[nxt[t]] - walk[t + 1] >= reuse:
             gathered.discard(m)
-            n_avail -= mods[m].numel
+            n_avail, live = n_avail - mods[m].numel, live - mods[m].nbytes
     return Gathered(per_use=tuple(per_use), after_forward=after_forward, n_forward=len(mods))
 
 

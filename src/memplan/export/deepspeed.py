@@ -97,7 +97,8 @@ _MODELLED = {
     "zero_optimization.offload_param.buffer_count"}
 _ENGINE_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "overlap_comm",
                 "contiguous_gradients", "sub_group_size", "stage3_max_live_parameters",
-                "stage3_max_reuse_distance", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+                "stage3_max_reuse_distance", "stage3_prefetch_bucket_size",
+                "stage3_param_persistence_threshold")
 _AUTO_BY_HIDDEN = {"reduce_bucket_size": (1.0, 2, "hidden_size^2"),
                    "stage3_prefetch_bucket_size": (0.9, 2, "0.9 x hidden_size^2"),
                    "stage3_param_persistence_threshold": (10.0, 1, "10 x hidden_size")}
