@@ -23,6 +23,10 @@ DeepSpeed 0.19.8, ``deepspeed/runtime/zero/partitioned_param_coordinator.py``
    - n_available, stage3_prefetch_bucket_size)`` elements are in flight; a parameter popped for a
    later use is not released before that use (``__most_recent_step_id_param_fetched_for``).
    ``stage3_max_live_parameters`` only bounds prefetch: a module's own fetch is never refused.
+   Every fetch pops at least one more use, and what it pops stays gathered to that use, so the
+   prefetch front runs ahead until ``max_live`` elements are live (Llama-8B with the defaults:
+   about 1e9 elements, 2 GB in bf16, through the backward); on the tiny Llama a prefetch of
+   40,000 elements gathers the whole model (validation/zero3_live.json).
 
 On one rank the "gathered" parameter is a view of its partition (``partition_parameters.py``
 ``_no_gather_coalesced`` -> ``NoGatherHandle``: ``param.ds_tensor.data.to(device)``, the same
