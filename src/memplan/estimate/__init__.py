@@ -27,6 +27,7 @@ from .loop import loop_lines
 from .optimizer_step import optimizer_step_items
 from .timeline import Instant, moments, peak_allocated
 from .warnings import recipe_warnings
+from .zero3_live import zero3_instants, zero3_live_applies
 from ..facts import Dtypes, dtypes
 
 __all__ = ["estimate", "rank_totals", "stage_parts", "StageParts", "trainable_params"]
@@ -204,6 +205,8 @@ def _stage_parts(model: ModelSpec, stage: Stage, recipe: Recipe, device: Device,
         instants = fsdp2_instants(stage, recipe, dt, instants, sharded_grads=not persistent)
     elif fsdp1_per_moment(recipe):
         instants = fsdp1_instants(stage, recipe, dt, instants, sharded_grads=not persistent)
+    elif zero3_live_applies(recipe):
+        instants = zero3_instants(stage, recipe, dt, instants)
     init = load_moments(stage, recipe, dt, lines, load=load, capacity_bytes=device.capacity_bytes)
     outside = [ln.item for ln in lines if ln.item.pool != Pool.ALLOCATED]
     par = recipe.parallelism

@@ -24,6 +24,7 @@ from .fsdp2_units import fsdp2_per_moment
 from .layout import Held, Stage
 from .lines import Line
 from .states import optimizer_state_bytes, quantized_bytes
+from .zero3_live import zero3_live_applies
 
 __all__ = ["model_state_items"]
 
@@ -244,15 +245,19 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
         pass  # gathered units and unit gradients per instant: fsdp2_units.py, fsdp1_units.py
     elif recipe.parallelism.zero == 3 and recipe.parallelism.shard_degree > 1:
         unit = stage.largest_unit_numel
-        gathered = max((sum(quantized_bytes(h.numel, h.tensor.shape[0], recipe.method.quant)
-                            if h.quantized else h.numel * cb for h in u) for u in stage.units),
-                       default=0)
-        out.append(_line(
-            category=Category.COMMUNICATION, name="ZeRO-3/FSDP all-gathered parameters (2 units)",
-            bytes=math.ceil(2 * gathered), phases=(F, B),
-            formula="current + prefetched unit, unsharded as stored: compute dtype, packed "
-            "4/8-bit for a QLoRA base (FSDP limit_all_gathers keeps two units; PyTorch FSDP "
-            "notes)"))
+        if zero3_live_applies(recipe):
+            pass  # gathered parameters per instant: zero3_live.py
+        else:
+            gathered = max((sum(quantized_bytes(h.numel, h.tensor.shape[0], recipe.method.quant)
+                                if h.quantized else h.numel * cb for h in u)
+                            for u in stage.units), default=0)
+            out.append(_line(
+                category=Category.COMMUNICATION,
+                name="ZeRO-3/FSDP all-gathered parameters (2 units)",
+                bytes=math.ceil(2 * gathered), phases=(F, B),
+                formula="current + prefetched unit, unsharded as stored: compute dtype, packed "
+                "4/8-bit for a QLoRA base (FSDP limit_all_gathers keeps two units; PyTorch "
+                "FSDP notes)"))
         if t_numel:
             # FSDP computes the unit's gradients in param_dtype and reduce-scatters them in
             # reduce_dtype (default: param_dtype), casting only the shard to fp32
@@ -314,3 +319,4 @@ def _reduce_bucket(recipe: Recipe, gb: float) -> Line:
 
 def _line(*, phases: tuple[Phase, ...] = ALL_PHASES, **kw) -> Line:
     return Line(Item(**kw), phases)
+

@@ -42,6 +42,7 @@ def ds_config(recipe: Recipe) -> dict[str, Any]:
         "contiguous_gradients": e.contiguous_gradients, "sub_group_size": e.sub_group_size}
     if par.zero == 3:
         zero |= {"stage3_max_live_parameters": e.stage3_max_live_parameters,
+                 "stage3_max_reuse_distance": e.stage3_max_reuse_distance,
                  "stage3_prefetch_bucket_size": e.stage3_prefetch_bucket_size,
                  "stage3_param_persistence_threshold": e.stage3_param_persistence_threshold}
     opt_dev, param_dev = _DEVICE[str(recipe.offload.kind)]
@@ -88,6 +89,7 @@ _MODELLED = {
     "zero_optimization.allgather_bucket_size", "zero_optimization.overlap_comm",
     "zero_optimization.contiguous_gradients", "zero_optimization.sub_group_size",
     "zero_optimization.stage3_max_live_parameters",
+    "zero_optimization.stage3_max_reuse_distance",
     "zero_optimization.stage3_prefetch_bucket_size",
     "zero_optimization.stage3_param_persistence_threshold",
     "zero_optimization.offload_optimizer.device", "zero_optimization.offload_optimizer.pin_memory",
@@ -95,7 +97,8 @@ _MODELLED = {
     "zero_optimization.offload_param.buffer_count"}
 _ENGINE_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "overlap_comm",
                 "contiguous_gradients", "sub_group_size", "stage3_max_live_parameters",
-                "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+                "stage3_max_reuse_distance", "stage3_prefetch_bucket_size",
+                "stage3_param_persistence_threshold")
 _AUTO_BY_HIDDEN = {"reduce_bucket_size": (1.0, 2, "hidden_size^2"),
                    "stage3_prefetch_bucket_size": (0.9, 2, "0.9 x hidden_size^2"),
                    "stage3_param_persistence_threshold": (10.0, 1, "10 x hidden_size")}

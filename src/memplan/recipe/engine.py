@@ -87,6 +87,11 @@ class Engine:
     stage3_max_live_parameters: int = field(default=1_000_000_000, metadata={"min": 0})
     """DeepSpeed ZeRO-3 ``stage3_max_live_parameters``: gathered parameters kept alive,
     elements (default 1e9)."""
+    stage3_max_reuse_distance: int = field(default=1_000_000_000, metadata={"min": 0})
+    """DeepSpeed ZeRO-3 ``stage3_max_reuse_distance``, elements (default 1e9): once the step
+    trace is complete, a released module's parameters stay gathered when they are used again
+    within this many elements of the modules that run next (``partitioned_param_coordinator.py``
+    ``__params_to_release``)."""
     stage3_prefetch_bucket_size: int = field(default=50_000_000, metadata={"min": 0})
     """DeepSpeed ZeRO-3 ``stage3_prefetch_bucket_size``, elements (default 5e7)."""
     stage3_param_persistence_threshold: int = field(default=100_000, metadata={"min": 0})

@@ -24,7 +24,8 @@ UPPER: dict[str, float] = {
     "adapter_params": 10**13, "moe_capacity_factor": 1000.0,
     # DeepSpeed's bucket and ZeRO-3 knobs count elements; their defaults are 1e5..1e9
     "reduce_bucket_size": 10**12, "allgather_bucket_size": 10**12,
-    "stage3_max_live_parameters": 10**12, "stage3_prefetch_bucket_size": 10**12,
+    "stage3_max_live_parameters": 10**12, "stage3_max_reuse_distance": 10**12,
+    "stage3_prefetch_bucket_size": 10**12,
     "stage3_param_persistence_threshold": 10**12, "sub_group_size": 10**12,
     "offload_buffer_count": 1024,
 }

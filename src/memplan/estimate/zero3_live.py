@@ -1,0 +1,257 @@
+"""DeepSpeed ZeRO-3: the 16-bit parameters gathered at each moment of a step, from the rules of
+the parameter coordinator and the recipe's four ZeRO-3 knobs (issue #11 item 1).
+
+DeepSpeed 0.19.8, ``deepspeed/runtime/zero/partitioned_param_coordinator.py``
+(``PartitionedParameterCoordinator``) and ``parameter_offload.py``:
+
+1. **Persistent parameters** (``ds_numel <= stage3_param_persistence_threshold``,
+   ``mark_persistent_parameters``) are gathered once and never released
+   (``__params_to_release`` skips ``ds_persist``): ``model_states`` counts them on their own line.
+2. **Fetch.** A module's direct parameters are all-gathered at its pre-forward (and pre-backward)
+   hook, ``fetch_sub_module``; every module with parameters is one *use* in the step's trace.
+3. **Trace.** ``__trace_mode`` starts ``INVALID``; ``reset_step`` (the model's forward pre-hook)
+   makes it ``RECORD`` at step 1 and ``COMPLETE`` at step 2. Until the trace is complete a
+   module's parameters are released at its post-forward/post-backward (one module at a time);
+   from the second step the two rules below apply.
+4. **Reuse distance.** ``__params_to_release`` walks the uses after the current one, summing their
+   ``ds_numel`` (persistent ones too), until ``stage3_max_reuse_distance`` elements; a parameter
+   seen again before that stays gathered. In forward, module ``i``'s next use is its own backward,
+   ``2 x`` (the elements of the modules after it) away: with the default 1e9 the last modules of
+   the network stay gathered from their forward to their backward.
+5. **Prefetch.** After each fetch, ``fetch_sub_module`` pops the parameter queue (every use in
+   trace order) and all-gathers the not-yet-gathered ones until ``min(stage3_max_live_parameters
+   - n_available, stage3_prefetch_bucket_size)`` elements are in flight; a parameter popped for a
+   later use is not released before that use (``__most_recent_step_id_param_fetched_for``).
+   ``stage3_max_live_parameters`` only bounds prefetch: a module's own fetch is never refused.
+   Every fetch pops at least one more use, and what it pops stays gathered to that use, so the
+   prefetch front runs ahead until ``max_live`` elements are live (Llama-8B with the defaults:
+   about 1e9 elements, 2 GB in bf16, through the backward); on the tiny Llama a prefetch of
+   40,000 elements gathers the whole model (validation/zero3_live.json).
+
+On one rank the "gathered" parameter is a view of its partition (``partition_parameters.py``
+``_no_gather_coalesced`` -> ``NoGatherHandle``: ``param.ds_tensor.data.to(device)``, the same
+device): no extra bytes, so this module is used only when the parameters are sharded.
+
+Known limitations: a module's parameters are modelled as the tensors memplan lists (a Linear's
+weight and bias as two uses), in the order of the model's layer list; full activation
+checkpointing reruns a layer's forward uses right before its backward (``trace_order``); the
+first step's one-module-at-a-time gathering is not separated from the steady step's (the larger
+one is kept); a layer's instant holds the most gathered while any of its modules runs; MoE
+experts are all taken as used (DeepSpeed's trace holds only the experts that got tokens, and a
+different set in the next step invalidates the trace).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from ..breakdown import Category, Item, Phase
+from ..facts import Dtypes
+from ..recipe import Recipe
+from ..units import dtype_bytes
+from .layout import Held, Stage
+from .states import quantized_bytes
+from .timeline import Instant
+
+__all__ = ["Gathered", "Use", "live_gathered", "trace_order", "zero3_instants",
+           "zero3_live_applies"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Use:
+    """One module's parameters in the trace (a use in forward, another in backward)."""
+
+    numel: int
+    """``ds_numel``: elements, counted by the reuse walk and the prefetch budget."""
+    nbytes: int
+    """Bytes of the gathered tensor (16-bit, packed for a quantized base)."""
+    persistent: bool = False
+    """Always gathered (``ds_persist``): never fetched, released or prefetched."""
+
+
+@dataclass(frozen=True, slots=True)
+class Gathered:
+    """Bytes of non-persistent gathered parameters through one step with a complete trace."""
+
+    per_use: tuple[int, ...]
+    """At each use (forward: modules 0..M-1, then backward: M-1..0), after its fetch and the
+    prefetch it starts, before its release."""
+    after_forward: int
+    """Kept from the forward to the backward: gathered after the last forward release, before
+    the first backward fetch (the loss and its backward run then)."""
+    n_forward: int
+    """Uses in the forward (the first ``n_forward`` of ``per_use``)."""
+
+    @property
+    def forward_peak(self) -> int:
+        """Largest gathered bytes in forward."""
+        return max(self.per_use[: self.n_forward], default=0)
+
+    @property
+    def backward_peak(self) -> int:
+        """Largest gathered bytes in backward."""
+        return max(self.per_use[self.n_forward:], default=0)
+
+
+def trace_order(sizes: Sequence[int], recompute: Sequence[bool] = ()
+                ) -> tuple[list[int], dict[tuple[int, bool], list[int]]]:
+    """The step's uses of modules numbered in forward order, units of ``sizes`` modules each:
+    every module forward, then backward in reverse, a unit with ``recompute[unit]`` (activation
+    checkpointing) running its forward again right before its backward (its hooks fetch again:
+    ``fetch_sub_module`` in the recompute, ``in_checkpoint_recompute``). Returns the order and,
+    per ``(unit, backward)``, the positions in it."""
+    starts = [sum(sizes[:k]) for k in range(len(sizes))]
+    order: list[int] = []
+    where: dict[tuple[int, bool], list[int]] = {}
+    for k, n in enumerate(sizes):
+        where[(k, False)] = list(range(len(order), len(order) + n))
+        order += range(starts[k], starts[k] + n)
+    for k in reversed(range(len(sizes))):
+        mods = list(range(starts[k], starts[k] + sizes[k]))
+        again = mods if k < len(recompute) and recompute[k] else []
+        where[(k, True)] = list(range(len(order), len(order) + len(again) + len(mods)))
+        order += again + mods[::-1]
+    return order, where
+
+
+def live_gathered(mods: Sequence[Use], *, max_live: int, reuse: int, prefetch: int,
+                  order: Sequence[int] = ()) -> Gathered:
+    """Non-persistent gathered bytes through a step with a complete trace (module docstring,
+    rules 2-5), modules given in forward order; ``order``: the uses (``trace_order``; default
+    every module forward, then backward in reverse)."""
+    uses = tuple(order) or tuple(range(len(mods))) + tuple(reversed(range(len(mods))))
+    return _simulate(tuple(mods), uses, max_live, reuse, prefetch)
+
+
+@lru_cache(maxsize=256)
+def _simulate(mods: tuple[Use, ...], order: tuple[int, ...], max_live: int, reuse: int,
+              prefetch: int) -> Gathered:
+    """``live_gathered``'s loop, cached: a plan search asks for the same model and knobs with
+    many batch shapes."""
+    n = len(order)
+    # the reuse walk of __params_to_release, in O(1): elements of the uses strictly between
+    # t and the module's next use (persistent ones included); kept when below the distance
+    walk = [0] * (n + 1)
+    for t, m in enumerate(order):
+        walk[t + 1] = walk[t] + mods[m].numel
+    nxt, seen = [n] * n, {}
+    for t in range(n - 1, -1, -1):
+        nxt[t] = seen.get(order[t], n)
+        seen[order[t]] = t
+    gathered: set[int] = set()
+    n_avail = live = after_forward = 0
+    fetched_for = [-1] * len(mods)
+    queue = deque(range(n))
+    per_use: list[int] = []
+    for t, m in enumerate(order):
+        if t == len(mods):
+            after_forward = live
+        if not mods[m].persistent and m not in gathered:
+            gathered.add(m)
+            n_avail, live = n_avail + mods[m].numel, live + mods[m].nbytes
+        if fetched_for[m] < t and queue:  # the current use leaves the queue
+            queue.popleft()
+        budget, inflight, this_round = min(max_live - n_avail, prefetch), 0, set()
+        while prefetch > 0 and queue and inflight < budget:
+            u = queue.popleft()
+            p = order[u]
+            fetched_for[p] = max(fetched_for[p], u)
+            if not mods[p].persistent and p not in gathered and p not in this_round:
+                this_round.add(p)
+                inflight += mods[p].numel
+        for p in this_round:
+            gathered.add(p)
+            n_avail, live = n_avail + mods[p].numel, live + mods[p].nbytes
+        per_use.append(live)
+        if mods[m].persistent or fetched_for[m] > t:
+            continue
+        if nxt[t] == n or walk[nxt[t]] - walk[t + 1] >= reuse:
+            gathered.discard(m)
+            n_avail, live = n_avail - mods[m].numel, live - mods[m].nbytes
+    return Gathered(per_use=tuple(per_use), after_forward=after_forward, n_forward=len(mods))
+
+
+def zero3_live_applies(recipe: Recipe) -> bool:
+    """DeepSpeed ZeRO-3 with parameters sharded over more than one rank, one pipeline stage."""
+    par = recipe.parallelism
+    return (str(recipe.engine_kind) == "deepspeed" and par.zero == 3 and par.shard_degree > 1
+            and par.pp == 1)
+
+
+def _bytes(h: Held, recipe: Recipe, cb: float) -> int:
+    return math.ceil(quantized_bytes(h.numel, h.tensor.shape[0], recipe.method.quant)
+                     if h.quantized else h.numel * cb)
+
+
+def _recomputed(recipe: Recipe, n_layers: int) -> list[bool]:
+    """Per unit (embedding, layers, head): whether full activation checkpointing reruns it."""
+    ck = recipe.checkpointing
+    if str(ck.kind) != "full":
+        return []
+    every, first = ck.checkpoint_every, ck.checkpoint_layers or n_layers
+    return [False] + [(every == 1 or j % every == every - 1) and j < first
+                      for j in range(n_layers)] + [False]
+
+
+def zero3_gathered(stage: Stage, recipe: Recipe, compute_dtype: str
+                   ) -> tuple[Gathered, dict[tuple[int, bool], list[int]]]:
+    """``live_gathered`` over this stage's tensors (units in order, the embedding first), with
+    the recipe's knobs and checkpointing; persistence as ``model_states`` counts it (quantized
+    tensors never). Also the positions of each ``(unit, backward)`` in the trace."""
+    e, cb = recipe.engine, dtype_bytes(compute_dtype)
+    limit = e.stage3_param_persistence_threshold
+    mods = [Use(numel=h.numel, nbytes=_bytes(h, recipe, cb),
+                persistent=not h.quantized and h.numel <= limit)
+            for unit in stage.units for h in unit]
+    sizes = [len(u) for u in stage.units]
+    order, where = trace_order(sizes, _recomputed(recipe, len(sizes) - 2))
+    return live_gathered(mods, max_live=e.stage3_max_live_parameters,
+                         reuse=e.stage3_max_reuse_distance,
+                         prefetch=e.stage3_prefetch_bucket_size, order=order), where
+
+
+def zero3_instants(stage: Stage, recipe: Recipe, dt: Dtypes,
+                   instants: list[Instant]) -> list[Instant]:
+    """``instants`` with DeepSpeed's gathered parameters of each one added.
+
+    ``stage.units`` is (embedding, layer 0 .. layer L-1, head); an instant of region ``layer i``
+    holds the most gathered while that layer's modules run (its recompute included),
+    ``embedding`` the embedding's, any other forward region the head's; in backward, ``loss``
+    holds what the forward kept (``Gathered.after_forward``) and any other region the head's
+    backward."""
+    g, where = zero3_gathered(stage, recipe, dt.compute)
+    last = len(stage.units) - 1
+
+    def most(unit: int, backward: bool) -> int:
+        return max((g.per_use[k] for k in where[(unit, backward)]), default=0)
+
+    out = []
+    for inst in instants:
+        region = inst.label.split(": ", 1)[-1]
+        bwd = inst.phase == Phase.BACKWARD
+        if region.startswith("layer ") and region[6:].isdigit() and int(region[6:]) + 1 < last:
+            b = most(int(region[6:]) + 1, bwd)
+        elif region == "embedding":
+            b = most(0, bwd)
+        elif bwd and region == "loss":
+            b = g.after_forward
+        else:
+            b = most(last, bwd)
+        item = Item(category=Category.COMMUNICATION, name="ZeRO-3 gathered parameters",
+                    bytes=b, formula=_formula(recipe))
+        out.append(replace(inst, items=inst.items + (item,)))
+    return out
+
+
+def _formula(recipe: Recipe) -> str:
+    e = recipe.engine
+    return ("the current module, those kept for reuse and those prefetched "
+            f"(stage3_max_reuse_distance {e.stage3_max_reuse_distance:.3g}, "
+            f"stage3_prefetch_bucket_size {e.stage3_prefetch_bucket_size:.3g}, "
+            f"stage3_max_live_parameters {e.stage3_max_live_parameters:.3g}); DeepSpeed 0.19.8 "
+            "partitioned_param_coordinator.py fetch_sub_module / __params_to_release, "
+            "simulated over the step's trace (estimate/zero3_live.py)")
