@@ -127,14 +127,19 @@ def _fsdp2(model: Any, cfg: dict[str, Any], optimizer_name: str) -> _Engine:
     for block in _blocks(model):
         fully_shard(block, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(model, mp_policy=policy, reshard_after_forward=reshard)
+    return _torch_engine(model, optimizer_name)
+
+
+def _torch_engine(module: Any, optimizer_name: str) -> _Engine:
+    """A wrapped module trained by a torch optimizer over its trainable parameters (FSDP1/2)."""
     from ..runtime.workload import _optimizer
 
-    opt = _optimizer(torch, optimizer_name, [p for p in model.parameters() if p.requires_grad])
+    opt = _optimizer(torch, optimizer_name, [p for p in module.parameters() if p.requires_grad])
 
     def forward(batch: dict) -> Any:
-        return model(**batch).loss
+        return module(**batch).loss
 
-    return _Engine(module=model, optimizer=opt, forward=forward,
+    return _Engine(module=module, optimizer=opt, forward=forward,
                    backward=lambda loss: loss.backward(), step=opt.step,
                    zero_grad=lambda: opt.zero_grad(set_to_none=True),
                    extra_params=lambda: [], extra_opt=lambda: [])
@@ -189,18 +194,7 @@ def _fsdp1(model: Any, cfg: dict[str, Any], recipe: Recipe) -> _Engine:
         apply_activation_checkpointing(m, checkpoint_wrapper_fn=functools.partial(
             checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
             auto_wrap_policy=policy)
-    from ..runtime.workload import _optimizer
-
-    opt = _optimizer(torch, str(recipe.optimizer.kind),
-                     [p for p in m.parameters() if p.requires_grad])
-
-    def forward(batch: dict) -> Any:
-        return m(**batch).loss
-
-    return _Engine(module=m, optimizer=opt, forward=forward,
-                   backward=lambda loss: loss.backward(), step=opt.step,
-                   zero_grad=lambda: opt.zero_grad(set_to_none=True),
-                   extra_params=lambda: [], extra_opt=lambda: [])
+    return _torch_engine(m, str(recipe.optimizer.kind))
 
 
 def _deepspeed(model: Any, cfg: dict[str, Any]) -> _Engine:
