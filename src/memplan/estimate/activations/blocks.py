@@ -25,7 +25,7 @@ class Blocks:
         self.g, self.c = g, ctx
         self.prefix: Tensor | None = None
         """Prefix tuning's learned keys and values of every layer (``families._input_side``)."""
-        self.qkv_dropped: tuple[Tensor, Tensor] | None = None
+        self.qkv_dropped: tuple[Tensor, Tensor, Tensor] | None = None
         """The last (input, dropped input) of a q/k/v adapter (``peft_ops``, shared dropout)."""
 
     def new(self, numel: int, itemsize: int, grad: bool = True, keep: bool = False) -> Tensor:
