@@ -31,6 +31,13 @@ class Blocks:
     def new(self, numel: int, itemsize: int, grad: bool = True, keep: bool = False) -> Tensor:
         return Tensor(int(numel) * itemsize, itemsize, grad, keep)
 
+    def frame_holds(self, *ts: Tensor) -> None:
+        """The module whose forward wrote the last op returns after it: until then its frame
+        holds ``ts`` (its input, ``Module._call_impl``'s ``args``; Python frees a local when
+        its frame ends), read or not (``Op.holds``)."""
+        op = self.g.ops[-1]
+        op.holds = op.holds + ts
+
     # -- elementwise -------------------------------------------------------------------------
     def cast(self, x: Tensor, itemsize: int) -> Tensor:
         """``x.to(dtype)``: a copy when the dtype changes (ToCopyBackward saves nothing)."""

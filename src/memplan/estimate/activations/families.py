@@ -83,6 +83,7 @@ def _llama_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: int
         else:
             o = b.sdpa(q, k, v, heads)
     o = b.linear(o, heads * d, h, role=("o",))
+    b.frame_holds(y)  # the attention's forward(hidden_states) returns after its o_proj
     return _llama_rest(b, x, o, h, ffn, tp, gemma=gemma, sandwich=sandwich, post_only=post_only)
 
 
@@ -104,6 +105,7 @@ def _llama_rest(b: Blocks, x: Tensor, o: Tensor, h: int, ffn: Any, tp: int, *, g
         up = b.linear(y, h, f, role=("up",))
         act = b.unary(gt)  # silu / gelu_tanh save their input
         m = b.linear(b.mul(act, up), f, h, role=("down",))
+        b.frame_holds(y)  # the MLP's forward(x) returns after its down_proj
     if sandwich or post_only:
         m = b.rmsnorm(m, h, gemma=gemma, leaf="post_feedforward_layernorm")
     return b.add(r, m)
@@ -362,8 +364,7 @@ def _eager_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last:
         g.op([], (cos, sin), [cos, sin])
     masks: dict[str, Tensor] = {}
     if attention == "eager" and tr.causal or tr.eager_mask:
-        # eager attention gets a materialised B x 1 x S x S additive mask in the embedding
-        # dtype, one per attention type (full / sliding window: layer_types)
+        # eager: a B x 1 x S x S additive mask in the embedding dtype per type (layer_types)
         for kind in sorted(set(tr.layer_types or ["full_attention"])):
             masks[kind] = b.new(ctx.batch * ctx.seq * (ctx.seq + ctx.prefix), ctx.act,
                                 grad=False)
@@ -378,8 +379,9 @@ def _eager_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last:
             b.c = replace(ctx, trained=True, act=ctx.train_act)
         with g.checkpoint(checkpointing.layer_checkpointed(i - layers.start)
                           or checkpointing.per_op, per_op=checkpointing.per_op):
-            x = layer_fn(b, x, spec.layers[i], spec, tp=tp, attention=attention, mask=mask,
-                         selective=checkpointing.selective)
+            x_in, x = x, layer_fn(b, x, spec.layers[i], spec, tp=tp, attention=attention,
+                                  mask=mask, selective=checkpointing.selective)
+            b.frame_holds(x_in)  # ``x = layer(x)``: the input is freed as the layer returns
         b.c = ctx
     if last:
         g.region = "head"

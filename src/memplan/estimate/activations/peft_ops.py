@@ -66,22 +66,10 @@ def _dropped(b: Blocks, x: Tensor, role: tuple[str, ...]) -> tuple[Tensor, Tenso
     return xd, xc
 
 
-def _held(b: Blocks, *ts: Tensor) -> None:
-    """The adapted linear's ``forward`` returns after the op just written: until then its frame
-    holds its input ``x`` (the ``args`` of ``Module._call_impl``) and the copy
-    ``x = self._cast_input_dtype(x, lora_A.weight.dtype)`` rebinds ``x`` to (PEFT 0.21.2
-    ``lora/layer.py`` ``Linear.forward``, ``vera/layer.py``; ``ia3/layer.py`` ``x = x.to(dtype)``),
-    though the adapter's own matmul reads a 16-bit autocast copy of it. Measured (torch 2.13
-    CPU, tiny llama, bf16 base, fp32 adapters, bf16 autocast): the fp32 copy of ``down_proj``'s
-    input and the input itself are freed only after ``result + lora_B(...) * scaling``."""
-    op = b.g.ops[-1]
-    op.holds = op.holds + ts
-
-
 def _lora_branch(b: Blocks, x: Tensor, n_in: int, n_out: int, t: int, *,
                  frozen_a: bool = False, role: tuple[str, ...] = ()) -> tuple[Tensor, Tensor]:
     """``lora_B(lora_A(dropout(x)))`` with ``x`` cast to the adapter dtype first; and that
-    cast (held by the caller's frame, ``_held``)."""
+    cast (held by ``adapt``)."""
     r = b.c.lora_rank
     xa, xc = _dropped(b, x, role)
     mid = _mm(b, xa, n_in, r, t, trained=not frozen_a)
@@ -91,13 +79,20 @@ def _lora_branch(b: Blocks, x: Tensor, n_in: int, n_out: int, t: int, *,
 def adapt(b: Blocks, x: Tensor, y: Tensor, n_in: int, n_out: int, t: int, *,
           bias: bool = False, role: tuple[str, ...] = ()) -> Tensor:
     """The output of an adapted frozen linear (input ``x``, base output ``y``; ``bias``: the
-    base linear has one; ``role``: its roles, for a shared q/k/v dropout)."""
+    base linear has one; ``role``: its roles, for a shared q/k/v dropout).
+
+    The adapted linear's ``forward`` returns after the last op written here: until then its
+    frame holds its input ``x`` and the copy ``x = self._cast_input_dtype(x,
+    lora_A.weight.dtype)`` rebinds ``x`` to (PEFT 0.21.2 ``lora/layer.py`` ``Linear.forward``,
+    ``vera/layer.py``), though under autocast the adapter's matmul reads a 16-bit copy of it
+    (``Blocks.frame_holds``). Measured (torch 2.13 CPU, tiny llama, bf16 base, fp32 LoRA, bf16
+    autocast): ``down_proj``'s input and its fp32 copy are freed after ``result + ...``."""
     c, kind = b.c, b.c.method
     if kind == "ia3":
         # (result * l).to(result dtype): promoted to the vector's dtype, saves the base output
         scaled = b.mul(y, b.new(n_out, c.adapter, True), itemsize=max(y.itemsize, c.adapter))
         out = b.cast(scaled, y.itemsize)
-        _held(b, x)
+        b.frame_holds(x)
         return out
     if kind == "vera":
         r = c.lora_rank
@@ -107,13 +102,13 @@ def adapt(b: Blocks, x: Tensor, y: Tensor, n_in: int, n_out: int, t: int, *,
         w = _mm(b, d, r, n_out, t, trained=False)
         bw = b.mul(w, b.new(n_out, c.adapter, True), itemsize=max(w.itemsize, c.adapter))
         out = b.cast(b.add(y, bw), y.itemsize)
-        _held(b, x, xc)
+        b.frame_holds(x, xc)
         return out
     if kind == "dora":
         return _dora(b, x, y, n_in, n_out, t, bias=bias)
     lora, xc = _lora_branch(b, x, n_in, n_out, t, frozen_a=kind == "lora-fa", role=role)
     out = b.cast(b.add(y, b.scale(lora)), y.itemsize)
-    _held(b, x, xc)
+    b.frame_holds(x, xc)
     return out
 
 
@@ -131,7 +126,7 @@ def _dora(b: Blocks, x: Tensor, y: Tensor, n_in: int, n_out: int, t: int, *,
     part1 = b.mul(b.scale(m), base, itemsize=size)  # (m - 1) * base_result: saves it
     part2 = b.scale(b.mul(m, lora, itemsize=size))  # m * lora_result * s: saves the LoRA output
     out = b.cast(b.add(y, b.add(part1, part2)), y.itemsize)
-    _held(b, x, xc)
+    b.frame_holds(x, xc)
     return out
 
 
