@@ -343,7 +343,8 @@ def _eager_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last:
     h, V = spec.hidden_size, spec.vocab_size
     if first:
         g.region = "embedding"
-        x = _input_side(b, spec, b.embedding(h, V) if not ctx.prompt else None)
+        emb = [b.embedding(h, V)] if not ctx.prompt else []
+        x = _input_side(b, spec, emb[0] if emb else None)
         if tr.embedding_scale:
             x = b.scale(x)
         if tr.learned_positions:  # + learned positions (+ token types), dropout
@@ -387,10 +388,11 @@ def _eager_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last:
         g.region = "head"
         if not tr.causal:  # BERT's MLM head: dense, gelu, LayerNorm, decoder
             x = b.layernorm(b.unary(b.linear(x, h, h, bias=True)), h)
-        elif tr.norm is Norm.LAYER:
-            x = b.layernorm(x, h)
-        else:
-            x = b.rmsnorm(x, h, gemma=tr.norm is Norm.RMS_GEMMA, leaf="norm")
+        else:  # the base model's final norm; its forward returns after it
+            x = b.layernorm(x, h) if tr.norm is Norm.LAYER else b.rmsnorm(
+                x, h, gemma=tr.norm is Norm.RMS_GEMMA, leaf="norm")
+            if first and ctx.embeds_held:
+                b.frame_holds(*emb)
         head_trained = ctx.trained or ctx.head_trained
         if ctx.loss == "chunked-head" and tr.causal:
             g.region = "loss"
@@ -398,10 +400,8 @@ def _eager_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last:
             return g
         if ctx.loss in ("chunked", "fused") and tr.causal:
             g.region = "loss"
-            if ctx.loss == "chunked":
-                b.chunked_lm_loss(x, h, V // tp, trained=ctx.trained or ctx.head_trained)
-            else:
-                b.fused_lm_loss(x, h, V // tp, trained=ctx.trained or ctx.head_trained)
+            loss = b.chunked_lm_loss if ctx.loss == "chunked" else b.fused_lm_loss
+            loss(x, h, V // tp, trained=head_trained)
             return g
         head_bias = not tr.causal or any(t.name == "lm_head.bias" for t in spec.head)
         out = b.linear(x, h, V // tp, trained=head_trained, bias=head_bias, role=("lm_head",))
