@@ -352,7 +352,7 @@ def _run_forward(ops: list[Op], st: _State, phase: str, held: dict[Tensor, int],
     # _State.alloc, .mark and .free inlined (the simulator's hot loop), with the same effect
     last_use: dict[Tensor, int] = {}
     for i, op in enumerate(ops):
-        for t in (*op.inputs, *op.holds):
+        for t in op.inputs + op.holds:
             last_use[t] = i
     get, used = held.get, last_use.get
     live, points, best, order = st.live, st.points, st.best, st.order
