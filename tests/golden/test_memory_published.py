@@ -776,12 +776,6 @@ MISSES: dict[str, str] = {
              "20.2 GB (PR #961), so possibly a copied cell; FSDP1 multi-stream allocator slack "
              "above memplan's 5 % is a candidate. The foreach AdamW copy (engine=fsdp1, see GT005) "
              "is counted but the optimizer step is not this row's peak.",
-    "GT137": "-19.7% vs the band top (36.60 published, 27.13-29.40 predicted). It passed at "
-             "-18.2% while every ZeRO-3 run held two whole units gathered (0.98 GiB here); "
-             "DeepSpeed's coordinator, simulated module by module (estimate/zero3_live.py, "
-             "checked on 2 gloo ranks: validation/zero3_live.json), holds the recomputed layer "
-             "at the peak (0.48 GiB packed NF4). The rest of the gap is GT138's: cause not "
-             "identified.",
     "GT138": "-35.3% vs the band top (19.60 published, 11.20-12.68 predicted). Cause not "
              "identified. The same non-state memory is missing in GT137/GT140 (same model, "
              "bs 2 x 2048, reentrant AC); published GT140 - GT138 = 16.0 GiB matches "
@@ -864,13 +858,6 @@ MISSES.update({
     "GT193": "-20.4% (23.50 published, 17.43-18.70 predicted). " + _QWEN_INT4,
     "GT201": "-25.0% (30.27 published per GPU, 20.62-22.71 predicted). " + _QWEN_MULTI,
     "GT202": "-29.3% (38.88 published per GPU, 25.16-27.48 predicted). " + _QWEN_MULTI,
-    "GT223": "-18.2% vs the band top (55.65 published, 42.34-45.52 predicted). Qwen-72B "
-             "LoRA on 4 GPUs, DeepSpeed ZeRO-3 with Qwen's ds_config_zero3.json (max_live and "
-             "reuse 1e9, prefetch 0.9 h^2). It passed at -14.2% while every ZeRO-3 run held two "
-             "whole units gathered (4.64 GiB at the loss); the coordinator simulated module by "
-             "module (estimate/zero3_live.py, validation/zero3_live.json) keeps less at the loss "
-             "and 3.96 GiB at the new peak (layer 1, recomputed). GT221-GT226 all moved 0.7-2.3 "
-             "GiB lower; the rest is unexplained (same candidates as the other Qwen sweeps).",
     "GT170": "-19.5% (43.50 published, 32.98-35.02 predicted). " + _QWEN_DS,
     "GT171": "-19.5% (43.50 published, 32.98-35.02 predicted). " + _QWEN_DS,
     "GT172": "-19.5% (43.50 published, 32.98-35.02 predicted). " + _QWEN_DS,

@@ -79,6 +79,9 @@ def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
                capacity=float(par.moe_capacity_factor),
                layer_weight_grads=flat_layers,
                compile=str(recipe.platform.compile_scope) if recipe.platform.compile else "",
+               embeds_held=str(recipe.engine_kind) not in ("megatron", "torchtitan")
+               and recipe.loss.kind in ("standard", "fused")
+               and recipe.loss.logits_upcast != "model",
                **_bnb_4bit(recipe, dt, int(half)))
 
 

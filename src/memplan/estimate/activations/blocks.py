@@ -25,11 +25,18 @@ class Blocks:
         self.g, self.c = g, ctx
         self.prefix: Tensor | None = None
         """Prefix tuning's learned keys and values of every layer (``families._input_side``)."""
-        self.qkv_dropped: tuple[Tensor, Tensor] | None = None
+        self.qkv_dropped: tuple[Tensor, Tensor, Tensor] | None = None
         """The last (input, dropped input) of a q/k/v adapter (``peft_ops``, shared dropout)."""
 
     def new(self, numel: int, itemsize: int, grad: bool = True, keep: bool = False) -> Tensor:
         return Tensor(int(numel) * itemsize, itemsize, grad, keep)
+
+    def frame_holds(self, *ts: Tensor) -> None:
+        """The module whose forward wrote the last op returns after it: until then its frame
+        holds ``ts`` (its input, ``Module._call_impl``'s ``args``; Python frees a local when
+        its frame ends), read or not (``Op.holds``)."""
+        op = self.g.ops[-1]
+        op.holds = op.holds + ts
 
     # -- elementwise -------------------------------------------------------------------------
     def cast(self, x: Tensor, itemsize: int) -> Tensor:

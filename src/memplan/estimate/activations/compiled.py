@@ -70,6 +70,7 @@ def compiled(g: Graph, scope: str) -> Graph:
         r = _region_of(op, scope)
         if r is not None:
             regions.setdefault(r, []).append(op)
+            op.holds = ()  # no Python frame inside a compiled graph: freed at their last read
     consumers: dict[int, list[Op]] = {}
     for op in g.ops:
         for t in op.inputs:
@@ -99,6 +100,7 @@ def _merge_casts(g: Graph, scope: str) -> None:
 
     for op in g.ops:
         op.inputs, op.saves, op.grad_inputs = sub(op.inputs), sub(op.saves), sub(op.grad_inputs)
+        op.holds = sub(op.holds)
         region = _region_of(op, scope)
         if region is not None and _is_cast(op):
             out = op.outputs[0]

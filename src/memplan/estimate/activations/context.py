@@ -102,6 +102,12 @@ class Ctx:
     quant_head: bool = False
     """The output head is a quantised linear too (Lightning's ``BitsandbytesPrecision``
     replaces every ``nn.Linear``; transformers keeps the output embedding in 16 bits)."""
+    embeds_held: bool = False
+    """Transformers' modelling code runs the model (not torchtitan, Megatron, torchtune or
+    litgpt): ``inputs_embeds = self.embed_tokens(input_ids)`` stays referenced by the base
+    model's ``forward`` until it returns after its final norm (transformers 5.23
+    ``LlamaModel.forward``; measured on CPU: live at every layer with a frozen embedding),
+    where the others rebind ``h = layer(h)`` and free it as the first layer returns."""
 
     @property
     def tokens(self) -> int:

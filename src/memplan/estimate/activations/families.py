@@ -83,6 +83,7 @@ def _llama_layer(b: Blocks, x: Tensor, layer: Layer, spec: ModelSpec, *, tp: int
         else:
             o = b.sdpa(q, k, v, heads)
     o = b.linear(o, heads * d, h, role=("o",))
+    b.frame_holds(y)  # the attention's forward(hidden_states) returns after its o_proj
     return _llama_rest(b, x, o, h, ffn, tp, gemma=gemma, sandwich=sandwich, post_only=post_only)
 
 
@@ -104,6 +105,7 @@ def _llama_rest(b: Blocks, x: Tensor, o: Tensor, h: int, ffn: Any, tp: int, *, g
         up = b.linear(y, h, f, role=("up",))
         act = b.unary(gt)  # silu / gelu_tanh save their input
         m = b.linear(b.mul(act, up), f, h, role=("down",))
+        b.frame_holds(y)  # the MLP's forward(x) returns after its down_proj
     if sandwich or post_only:
         m = b.rmsnorm(m, h, gemma=gemma, leaf="post_feedforward_layernorm")
     return b.add(r, m)
@@ -341,7 +343,8 @@ def _eager_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last:
     h, V = spec.hidden_size, spec.vocab_size
     if first:
         g.region = "embedding"
-        x = _input_side(b, spec, b.embedding(h, V) if not ctx.prompt else None)
+        emb = [b.embedding(h, V)] if not ctx.prompt else []
+        x = _input_side(b, spec, emb[0] if emb else None)
         if tr.embedding_scale:
             x = b.scale(x)
         if tr.learned_positions:  # + learned positions (+ token types), dropout
@@ -362,8 +365,7 @@ def _eager_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last:
         g.op([], (cos, sin), [cos, sin])
     masks: dict[str, Tensor] = {}
     if attention == "eager" and tr.causal or tr.eager_mask:
-        # eager attention gets a materialised B x 1 x S x S additive mask in the embedding
-        # dtype, one per attention type (full / sliding window: layer_types)
+        # eager: a B x 1 x S x S additive mask in the embedding dtype per type (layer_types)
         for kind in sorted(set(tr.layer_types or ["full_attention"])):
             masks[kind] = b.new(ctx.batch * ctx.seq * (ctx.seq + ctx.prefix), ctx.act,
                                 grad=False)
@@ -378,17 +380,19 @@ def _eager_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last:
             b.c = replace(ctx, trained=True, act=ctx.train_act)
         with g.checkpoint(checkpointing.layer_checkpointed(i - layers.start)
                           or checkpointing.per_op, per_op=checkpointing.per_op):
-            x = layer_fn(b, x, spec.layers[i], spec, tp=tp, attention=attention, mask=mask,
-                         selective=checkpointing.selective)
+            x_in, x = x, layer_fn(b, x, spec.layers[i], spec, tp=tp, attention=attention,
+                                  mask=mask, selective=checkpointing.selective)
+            b.frame_holds(x_in)  # ``x = layer(x)``: the input is freed as the layer returns
         b.c = ctx
     if last:
         g.region = "head"
         if not tr.causal:  # BERT's MLM head: dense, gelu, LayerNorm, decoder
             x = b.layernorm(b.unary(b.linear(x, h, h, bias=True)), h)
-        elif tr.norm is Norm.LAYER:
-            x = b.layernorm(x, h)
-        else:
-            x = b.rmsnorm(x, h, gemma=tr.norm is Norm.RMS_GEMMA, leaf="norm")
+        else:  # the base model's final norm; its forward returns after it
+            x = b.layernorm(x, h) if tr.norm is Norm.LAYER else b.rmsnorm(
+                x, h, gemma=tr.norm is Norm.RMS_GEMMA, leaf="norm")
+            if first and ctx.embeds_held:
+                b.frame_holds(*emb)
         head_trained = ctx.trained or ctx.head_trained
         if ctx.loss == "chunked-head" and tr.causal:
             g.region = "loss"
@@ -396,10 +400,8 @@ def _eager_graph(spec: ModelSpec, layers: range, ctx: Ctx, *, first: bool, last:
             return g
         if ctx.loss in ("chunked", "fused") and tr.causal:
             g.region = "loss"
-            if ctx.loss == "chunked":
-                b.chunked_lm_loss(x, h, V // tp, trained=ctx.trained or ctx.head_trained)
-            else:
-                b.fused_lm_loss(x, h, V // tp, trained=ctx.trained or ctx.head_trained)
+            loss = b.chunked_lm_loss if ctx.loss == "chunked" else b.fused_lm_loss
+            loss(x, h, V // tp, trained=head_trained)
             return g
         head_bias = not tr.causal or any(t.name == "lm_head.bias" for t in spec.head)
         out = b.linear(x, h, V // tp, trained=head_trained, bias=head_bias, role=("lm_head",))

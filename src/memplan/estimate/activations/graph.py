@@ -7,8 +7,8 @@ run them). Each op declares the tensors it creates, the tensors autograd saves f
 gradient. ``simulate`` then replays the step exactly as the autograd engine would:
 
 - forward: an op's outputs are allocated while its inputs are alive; a tensor is freed after its
-  last forward use unless an op saved it (or it is kept until the forward ends: autocast's weight
-  cache, the model output);
+  last forward use or hold (``Op.holds``) unless saved (or kept until the forward ends: autocast's
+  weight cache, the model output);
 - activation checkpointing: ops of a checkpointed group keep only the group's inputs; in the
   backward, the group's forward is re-run (saved tensors re-allocated) just before its backward;
   under a selective policy (``torch.utils.checkpoint.create_selective_checkpoint_contexts``)
@@ -80,6 +80,8 @@ class Op:
     bwd_temp: int = 0
     """Bytes the op's backward allocates and frees beside the input gradient (bitsandbytes'
     re-dequantised weight, ``Ctx.dequant``)."""
+    holds: tuple[Tensor, ...] = ()
+    """Tensors a Python frame holds unread at this op (``peft_ops.adapt``): freed after it."""
 
 
 @dataclass(slots=True)
@@ -128,13 +130,11 @@ class Graph:
     @contextmanager
     def checkpoint(self, enabled: bool = True, per_op: bool = False) -> Iterator[None]:
         """Ops written inside form one activation-checkpointing group (nothing nested);
-        ``per_op``: torchtitan's per-op policy decides which outputs are kept (``op``'s
-        ``save``)."""
+        ``per_op``: torchtitan's per-op policy decides what is kept (``op``'s ``save``)."""
         if not enabled:
             yield
             return
-        self.group = self._groups
-        self._groups += 1
+        self.group, self._groups = self._groups, self._groups + 1
         self._sac, self._mm = per_op, 0
         try:
             yield
@@ -352,7 +352,7 @@ def _run_forward(ops: list[Op], st: _State, phase: str, held: dict[Tensor, int],
     # _State.alloc, .mark and .free inlined (the simulator's hot loop), with the same effect
     last_use: dict[Tensor, int] = {}
     for i, op in enumerate(ops):
-        for t in op.inputs:
+        for t in op.inputs + op.holds:
             last_use[t] = i
     get, used = held.get, last_use.get
     live, points, best, order = st.live, st.points, st.best, st.order
@@ -376,7 +376,7 @@ def _run_forward(ops: list[Op], st: _State, phase: str, held: dict[Tensor, int],
             p = points[key]
             p.saved, p.temp, p.grads = saved, temp, grads
             best[key] = saved + temp + grads
-        for ts in (op.inputs, op.outputs):
+        for ts in (op.inputs, op.outputs, op.holds):
             for t in ts:
                 if used(t, -1) <= i and not (hold_kept and t.keep) and not get(t):
                     was = pop(t, None)

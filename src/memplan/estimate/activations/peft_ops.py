@@ -52,49 +52,64 @@ def _mm(b: Blocks, x: Tensor, n_in: int, n_out: int, t: int, *, trained: bool) -
     return out
 
 
-def _dropped(b: Blocks, x: Tensor, role: tuple[str, ...]) -> Tensor:
-    """``dropout(x.to(adapter dtype))``; with a shared q/k/v dropout, the one made for the same
-    input by the layer's previous q/k/v adapter."""
+def _dropped(b: Blocks, x: Tensor, role: tuple[str, ...]) -> tuple[Tensor, Tensor]:
+    """``dropout(x.to(adapter dtype))`` and ``x.to(adapter dtype)``; with a shared q/k/v
+    dropout, the ones made for the same input by the layer's previous q/k/v adapter."""
     c = b.c
     shared = c.qkv_dropout_shared and c.lora_dropout > 0 and bool(role) and _QKV.issuperset(role)
     if shared and b.qkv_dropped is not None and b.qkv_dropped[0] is x:
-        return b.qkv_dropped[1]
-    xd = b.dropout(b.cast(x, c.adapter), c.lora_dropout)
+        return b.qkv_dropped[1], b.qkv_dropped[2]
+    xc = b.cast(x, c.adapter)
+    xd = b.dropout(xc, c.lora_dropout)
     if shared:
-        b.qkv_dropped = (x, xd)
-    return xd
+        b.qkv_dropped = (x, xd, xc)
+    return xd, xc
 
 
 def _lora_branch(b: Blocks, x: Tensor, n_in: int, n_out: int, t: int, *,
-                 frozen_a: bool = False, role: tuple[str, ...] = ()) -> Tensor:
-    """``lora_B(lora_A(dropout(x)))`` with ``x`` cast to the adapter dtype first."""
+                 frozen_a: bool = False, role: tuple[str, ...] = ()) -> tuple[Tensor, Tensor]:
+    """``lora_B(lora_A(dropout(x)))`` with ``x`` cast to the adapter dtype first; and that
+    cast (held by ``adapt``)."""
     r = b.c.lora_rank
-    xa = _dropped(b, x, role)
+    xa, xc = _dropped(b, x, role)
     mid = _mm(b, xa, n_in, r, t, trained=not frozen_a)
-    return _mm(b, mid, r, n_out, t, trained=True)
+    return _mm(b, mid, r, n_out, t, trained=True), xc
 
 
 def adapt(b: Blocks, x: Tensor, y: Tensor, n_in: int, n_out: int, t: int, *,
           bias: bool = False, role: tuple[str, ...] = ()) -> Tensor:
     """The output of an adapted frozen linear (input ``x``, base output ``y``; ``bias``: the
-    base linear has one; ``role``: its roles, for a shared q/k/v dropout)."""
+    base linear has one; ``role``: its roles, for a shared q/k/v dropout).
+
+    The adapted linear's ``forward`` returns after the last op written here: until then its
+    frame holds its input ``x`` and the copy ``x = self._cast_input_dtype(x,
+    lora_A.weight.dtype)`` rebinds ``x`` to (PEFT 0.21.2 ``lora/layer.py`` ``Linear.forward``,
+    ``vera/layer.py``), though under autocast the adapter's matmul reads a 16-bit copy of it
+    (``Blocks.frame_holds``). Measured (torch 2.13 CPU, tiny llama, bf16 base, fp32 LoRA, bf16
+    autocast): ``down_proj``'s input and its fp32 copy are freed after ``result + ...``."""
     c, kind = b.c, b.c.method
     if kind == "ia3":
         # (result * l).to(result dtype): promoted to the vector's dtype, saves the base output
         scaled = b.mul(y, b.new(n_out, c.adapter, True), itemsize=max(y.itemsize, c.adapter))
-        return b.cast(scaled, y.itemsize)
+        out = b.cast(scaled, y.itemsize)
+        b.frame_holds(x)
+        return out
     if kind == "vera":
         r = c.lora_rank
-        xa = _dropped(b, x, role)
+        xa, xc = _dropped(b, x, role)
         u = _mm(b, xa, n_in, r, t, trained=False)
         d = b.mul(u, b.new(r, c.adapter, True), itemsize=max(u.itemsize, c.adapter))
         w = _mm(b, d, r, n_out, t, trained=False)
         bw = b.mul(w, b.new(n_out, c.adapter, True), itemsize=max(w.itemsize, c.adapter))
-        return b.cast(b.add(y, bw), y.itemsize)
+        out = b.cast(b.add(y, bw), y.itemsize)
+        b.frame_holds(x, xc)
+        return out
     if kind == "dora":
         return _dora(b, x, y, n_in, n_out, t, bias=bias)
-    out = _lora_branch(b, x, n_in, n_out, t, frozen_a=kind == "lora-fa", role=role)
-    return b.cast(b.add(y, b.scale(out)), y.itemsize)
+    lora, xc = _lora_branch(b, x, n_in, n_out, t, frozen_a=kind == "lora-fa", role=role)
+    out = b.cast(b.add(y, b.scale(lora)), y.itemsize)
+    b.frame_holds(x, xc)
+    return out
 
 
 def _dora(b: Blocks, x: Tensor, y: Tensor, n_in: int, n_out: int, t: int, *,
@@ -104,13 +119,15 @@ def _dora(b: Blocks, x: Tensor, y: Tensor, n_in: int, n_out: int, t: int, *,
     # product, W cast to the adapter dtype, the scaled product and the sum)
     tmp = b.new(n_in * n_in + n_in * c.lora_rank + 4 * n_in * n_out, c.adapter, grad=False)
     b.g.op([], (tmp,))
-    lora = _lora_branch(b, x, n_in, n_out, t)
+    lora, xc = _lora_branch(b, x, n_in, n_out, t)
     m = b.new(n_out, c.adapter, True)  # magnitude / weight_norm, (1, out)
     size = max(y.itemsize, c.adapter)
     base = b.scale(y) if bias else y  # base_result - bias: a new tensor
     part1 = b.mul(b.scale(m), base, itemsize=size)  # (m - 1) * base_result: saves it
     part2 = b.scale(b.mul(m, lora, itemsize=size))  # m * lora_result * s: saves the LoRA output
-    return b.cast(b.add(y, b.add(part1, part2)), y.itemsize)
+    out = b.cast(b.add(y, b.add(part1, part2)), y.itemsize)
+    b.frame_holds(x, xc)
+    return out
 
 
 def ia3_input(b: Blocks, x: Tensor) -> Tensor:
