@@ -206,8 +206,7 @@ def _apply_lora(model: Any, recipe: Recipe, torch: Any, spec: Any = None) -> Any
         raise TraceError(f"lora_targets={','.join(recipe.method.lora_targets)} match no nn.Linear of "
                          f"this model (its linear layers: {', '.join(sorted(present)) or 'none'}).")
     cfg = peft.LoraConfig(r=recipe.method.lora_rank, lora_alpha=recipe.method.lora_alpha,
-                          target_modules=targets,
-                          lora_dropout=recipe.method.lora_dropout)
+                          target_modules=targets, lora_dropout=recipe.method.lora_dropout)
     model = peft.get_peft_model(model, cfg)
     # PEFT upcasts adapters of 16-bit bases to fp32 (autocast_adapter_dtype); the recipe's
     # adapter_dtype says what the user keeps.
