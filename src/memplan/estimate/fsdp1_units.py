@@ -56,7 +56,7 @@ from ..facts import Dtypes
 from ..recipe import Recipe
 from ..units import dtype_bytes
 from .fsdp1_flat import has_leaf_units, layer_flat_part, mixes_frozen
-from .fsdp2_units import gathered_bytes, unit_item
+from .fsdp2_units import gathered_bytes, layer_region, unit_item, unit_sizes
 from .layout import Held, Stage
 from .timeline import Instant
 
@@ -102,19 +102,16 @@ def fsdp1_instants(stage: Stage, recipe: Recipe, dt: Dtypes,
     sb = dtype_bytes(dt.grad) / recipe.parallelism.shard_degree
     flat = mixes_frozen(stage, recipe)
     units = stage.units
-    emb, head, blocks = units[0], units[-1], units[1:-1]
-    g_root = gathered_bytes(emb + head, recipe, cb)
-    g_blk = [gathered_bytes(u, recipe, cb) for u in blocks]
-    t_blk = [_graded(u, flat) for u in blocks]
-    t_head, t_emb = _graded(head, flat), _graded(emb, flat)
+    g_root, g_blk, t_blk, t_head, t_emb = unit_sizes(units, recipe, cb,
+                                                     lambda u: _graded(u, flat))
+    blocks = units[1:-1]
     total = t_head + t_emb + sum(t_blk)
     n = len(blocks)
     pre = str(recipe.engine.fsdp1_backward_prefetch) == "backward_pre"
     leaves = [has_leaf_units(u, recipe) for u in blocks]
     out = []
     for inst in instants:
-        region = inst.label.split(": ", 1)[-1]
-        i = int(region[6:]) if region.startswith("layer ") else None
+        region, i = layer_region(inst.label)
         items = [unit_item(Category.COMMUNICATION, "FSDP1 root unit, gathered (embedding, norm, "
                            "head)", g_root, f"never resharded after forward ({_SRC} "
                            "_post_forward_reshard: not state._is_root)")]

@@ -43,6 +43,7 @@ Padding of each shard to the world size (``FSDPParam._init_sharded_param``) is n
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 from ..breakdown import Category, Item, Phase
@@ -53,7 +54,8 @@ from .layout import Held, Stage
 from .states import quantized_bytes
 from .timeline import Instant
 
-__all__ = ["fsdp2_instants", "fsdp2_per_moment", "gathered_bytes", "unit_item"]
+__all__ = ["fsdp2_instants", "fsdp2_per_moment", "gathered_bytes", "layer_region", "unit_item",
+           "unit_sizes"]
 
 _SRC = "torch 2.13 torch/distributed/fsdp/_fully_shard/"
 
@@ -81,6 +83,24 @@ def unit_item(category: Category, name: str, nbytes: float, formula: str) -> Ite
     return Item(category=category, name=name, bytes=math.ceil(nbytes), formula=formula)
 
 
+def unit_sizes(units: tuple[tuple[Held, ...], ...], recipe: Recipe, cb: float,
+               graded: Callable[[tuple[Held, ...]], int]
+               ) -> tuple[int, list[int], list[int], int, int]:
+    """Of ``units`` = (embedding, block 0 .. block L-1, head): the root unit's gathered bytes
+    (embedding and head together), each block's gathered bytes, and the elements that get a
+    gradient (``graded``) of each block, of the head and of the embedding."""
+    emb, head, blocks = units[0], units[-1], units[1:-1]
+    g_blk = [gathered_bytes(u, recipe, cb) for u in blocks]
+    return (gathered_bytes(emb + head, recipe, cb), g_blk, [graded(u) for u in blocks],
+            graded(head), graded(emb))
+
+
+def layer_region(label: str) -> tuple[str, int | None]:
+    """An instant's region (``layer 3``, ``loss`` ...) and its layer index, if a layer."""
+    region = label.split(": ", 1)[-1]
+    return region, int(region[6:]) if region.startswith("layer ") else None
+
+
 def fsdp2_instants(stage: Stage, recipe: Recipe, dt: Dtypes,
                    instants: list[Instant], *, sharded_grads: bool) -> list[Instant]:
     """``instants`` with the FSDP2 unit items of each one added (module docstring).
@@ -100,18 +120,13 @@ def fsdp2_instants(stage: Stage, recipe: Recipe, dt: Dtypes,
     cb = dtype_bytes(dt.compute)
     sb = dtype_bytes(dt.grad) / recipe.parallelism.shard_degree
     units = stage.units
-    emb, head, blocks = units[0], units[-1], units[1:-1]
-    g_root = gathered_bytes(emb + head, recipe, cb)
-    g_blk = [gathered_bytes(u, recipe, cb) for u in blocks]
-    t_blk = [_trained(u) for u in blocks]
-    t_head, t_emb = _trained(head), _trained(emb)
+    g_root, g_blk, t_blk, t_head, t_emb = unit_sizes(units, recipe, cb, _trained)
     total = t_head + t_emb + sum(t_blk)
     keep = recipe.engine.reshard_after_forward
-    n = len(blocks)
+    n = len(g_blk)
     out = []
     for inst in instants:
-        region = inst.label.split(": ", 1)[-1]
-        i = int(region[6:]) if region.startswith("layer ") else None
+        region, i = layer_region(inst.label)
         items = [unit_item(Category.COMMUNICATION, "FSDP2 root unit, gathered (embedding, norm, "
                        "head)", g_root, f"never resharded after forward ({_SRC}_fsdp_state.py "
                        "FSDPState._lazy_init: post_forward_mesh_info = None for the root)")]
