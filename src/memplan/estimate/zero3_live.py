@@ -44,7 +44,10 @@ DeepSpeed 0.19.8, ``deepspeed/runtime/zero/partitioned_param_coordinator.py``
    ``__add_grad_to_ipg_bucket``) copies it into the ``reduce_bucket_size`` bucket when it fits
    and keeps it until the bucket is reduced when it does not. A moment of the backward of a
    unit holds its largest parameter's gradient; the loss's backward holds none (no parameter
-   has a gradient yet).
+   has a gradient yet). Reducing a bucket (``__avg_scatter_grads`` ->
+   ``runtime/comm/coalesced_collectives.py`` ``reduce_scatter_coalesced``) ``torch.cat``s the
+   bucket's gradients, padded, into one flat input: a second bucket of
+   ``min(reduce_bucket_size, trainable elements)`` while a unit's backward runs.
 
 On one rank the "gathered" parameter is a view of its partition (``partition_parameters.py``
 ``_no_gather_coalesced`` -> ``NoGatherHandle``: ``param.ds_tensor.data.to(device)``, the same
@@ -259,6 +262,7 @@ def zero3_instants(stage: Stage, recipe: Recipe, dt: Dtypes,
     gb = dtype_bytes(dt.grad)
     grad = [max((math.ceil(h.numel * gb) for h in u if h.trainable and not h.quantized),
                 default=0) for u in stage.units]
+    flat = math.ceil(min(recipe.engine.reduce_bucket_size, stage.trainable_numel) * gb)
 
     def most(unit: int, backward: bool) -> int:
         return max((g.per_use[k] + g.held_before(k) for k in where[(unit, backward)]),
@@ -284,6 +288,12 @@ def zero3_instants(stage: Stage, recipe: Recipe, dt: Dtypes,
                 bytes=grad[unit], formula="the unit's largest trainable parameter's full .grad in "
                 f"the gradient dtype, {dt.grad} (DeepSpeed 0.19.8 stage3.py "
                 "reduce_partition_and_remove_grads -> __add_grad_to_ipg_bucket)"))
+            items.append(Item(
+                category=Category.COMMUNICATION, name="flat copy of the bucket being reduced",
+                bytes=flat, formula=f"min(reduce_bucket_size {recipe.engine.reduce_bucket_size:.3g}"
+                f", trainable elements) x {dt.grad} (DeepSpeed 0.19.8 runtime/comm/"
+                "coalesced_collectives.py reduce_scatter_coalesced: torch.cat of the padded "
+                "partitions)"))
         out.append(replace(inst, items=inst.items + tuple(items)))
     return out
 
