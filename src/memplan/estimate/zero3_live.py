@@ -34,11 +34,14 @@ DeepSpeed 0.19.8, ``deepspeed/runtime/zero/partitioned_param_coordinator.py``
    that ran the collective holds that object until it is scheduled again after signalling
    completion (torch ``ProcessGroupGloo::runLoop``: ``workInProgress_[i].reset()`` after
    ``AsyncWork::execute``). So the buffer released last can outlive its release by a thread
-   switch: measured on 4 gloo ranks (``deepspeed zero3 bf16 ckpt reuse 0``), the head's
-   262,144 B gathered weight was alive at the loss on some ranks of some runs and freed on the
-   other thread (``validation/dist_nproc4.json``, README "validate --nproc"). Each moment
-   therefore counts, on top of what is gathered, the bytes released by the use just before it
-   (``Gathered.released``), the upper of the two states.
+   switch: on 4 gloo ranks gathered buffers (``_all_gather_sequential``) and reduce-scatter
+   inputs were freed by a gloo thread after the release in some steps, the latter up to the
+   optimizer step (``validation/zero3_release.json``, ``scripts/measure_zero3_release.py``);
+   ``deepspeed zero3 bf16 ckpt reuse 0`` had one 262,144 B tensor (the size of the head's
+   gathered weight, the buffer released last before the loss) more at the loss on some ranks
+   of some runs (README "validate --nproc"). Each moment therefore counts, on top of what is
+   gathered, the bytes released by the use just before it (``Gathered.released``), the upper
+   of the two states.
 7. **Gradients.** ZeRO-3's 16-bit gradients are per parameter, not per unit: autograd writes a
    parameter's full ``.grad``, its hook (``stage3.py`` ``reduce_partition_and_remove_grads`` ->
    ``__add_grad_to_ipg_bucket``) copies it into the ``reduce_bucket_size`` bucket when it fits
@@ -59,7 +62,9 @@ checkpointing reruns a layer's forward uses right before its backward (``trace_o
 first step's one-module-at-a-time gathering is not separated from the steady step's (the larger
 one is kept); a layer's instant holds the most gathered while any of its modules runs; MoE
 experts are all taken as used (DeepSpeed's trace holds only the experts that got tokens, and a
-different set in the next step invalidates the trace).
+different set in the next step invalidates the trace). Rule 6 counts one released buffer (the
+most measured); gloo runs collectives on two threads by default, so two could be held, and
+whether NCCL's work objects hold theirs as long on a GPU is not measured here.
 """
 
 from __future__ import annotations
