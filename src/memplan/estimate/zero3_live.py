@@ -261,7 +261,9 @@ def zero3_instants(stage: Stage, recipe: Recipe, dt: Dtypes,
     forward region the head's; ``loss`` (forward and backward) holds what the forward kept
     (``Gathered.after_forward``) and what the head's forward released; any other backward
     region the head's. A backward instant of a unit also holds the 16-bit gradient of the
-    unit's largest trainable parameter (rule 7)."""
+    unit's largest trainable parameter and the flat copy of a bucket being reduced (rule 7;
+    ``reduce_scatter_coalesced`` skips the copy for a lone tensor that splits evenly, which
+    this upper bound ignores)."""
     g, where = zero3_gathered(stage, recipe, dt.compute)
     last = len(stage.units) - 1
     gb = dtype_bytes(dt.grad)
