@@ -79,11 +79,13 @@ def test_deepspeed_zero3(llama8b, h100):
     Deliberate differences, asserted exactly:
     - +2P/N: we count the 16-bit gradient partition that stage 3 keeps between backward and the
       step; DeepSpeed's 18 B = 2 fp16 params + 16 (fp32 master, fp32 grads, Adam) omits it.
-    - DeepSpeed's 4L is one gathered layer's fp16 params + fp16 grads; we hold one unit's
-      gradients (2L) and G, the parameters DeepSpeed's coordinator keeps gathered at that moment
-      (estimate/zero3_live.py, measured in validation/zero3_live.json): its prefetch runs ahead
-      until stage3_max_live_parameters (1e9 elements) are live, so G is bounded by 2 B x (1e9 +
-      the largest tensor, fetched over the cap) (``_gathered_bound``).
+    - DeepSpeed's 4L is one gathered layer's fp16 params + fp16 grads; we hold the 16-bit
+      gradients of that moment (``_grads``: the unit's largest parameter's and the flat copy
+      reduce_scatter_coalesced makes of a bucket, estimate/zero3_live.py rule 7) and G, the
+      parameters DeepSpeed's coordinator keeps gathered at that moment (measured in
+      validation/zero3_live.json): its prefetch runs ahead until stage3_max_live_parameters
+      (1e9 elements) are live, so G is bounded by 2 B x (1e9 + the largest tensor, fetched over
+      the cap) + one released buffer still referenced (rule 6) (``_gathered_bound``).
     - the fp32 gradient copy for the step covers one ``sub_group_size`` (1e9 elements) at a time,
       so for P/N > 1e9 it is 4 B x 1e9, not 4 B x P/N (stage3.py steps sub-group by sub-group).
     """
@@ -97,7 +99,8 @@ def test_deepspeed_zero3(llama8b, h100):
     ds = 4 * L + 18 * P / N
     sub_group_cap = 4 * max(0, P / N - 1e9)
     assert states + comm == pytest.approx(
-        ds + 2 * P / N + (g - 2 * L) - sub_group_cap + _ds3_kept(llama8b), abs=64)
+        ds + 2 * P / N + (g + _grads(llama8b, moment) - 4 * L) - sub_group_cap
+        + _ds3_kept(llama8b), abs=64)
 
 
 def _gathered(moment) -> int:
@@ -107,8 +110,20 @@ def _gathered(moment) -> int:
 def _gathered_bound(model) -> float:
     """DeepSpeed 0.19.8 prefetches only while fewer than stage3_max_live_parameters (1e9)
     elements are live (partitioned_param_coordinator.py fetch_sub_module), and a module's own
-    fetch is never refused: at most 1e9 + the largest tensor, in bf16."""
-    return 2 * (1e9 + max(t.numel for t in model.tensors))
+    fetch is never refused: at most 1e9 + the largest tensor, in bf16, + the buffer released
+    by the use before, at most the largest tensor (zero3_live.py rule 6)."""
+    return 2 * (1e9 + 2 * max(t.numel for t in model.tensors))
+
+
+def _grads(model, moment) -> int:
+    """The 16-bit gradients of a ZeRO-3 backward moment (zero3_live.py rule 7): one parameter's,
+    at most the largest tensor, and the flat copy of a bucket of min(5e8, P) elements."""
+    by = {i.name: i.bytes for i in moment.items}
+    grad = by.get("16-bit gradient before its reduce hook", 0)
+    flat = by.get("flat copy of the bucket being reduced", 0)
+    assert 0 <= grad <= 2 * max(t.numel for t in model.tensors)
+    assert flat in (0, 2 * min(5e8, model.num_params))
+    return grad + flat
 
 
 def _state_peak_moment(b):
@@ -118,26 +133,29 @@ def _state_peak_moment(b):
 
 
 def test_deepspeed_zero3_offload_optimizer(llama8b, h100):
-    """DeepSpeed: 4L + 2P/N; ours 2P/N + one unit's gradients (2L) + G, the parameters the
-    coordinator keeps gathered (as above) + what ZeRO-3 keeps (``_ds3_kept``)."""
-    P, L = llama8b.num_params, llama8b.largest_layer_numel()
+    """DeepSpeed: 4L + 2P/N; ours 2P/N + the moment's 16-bit gradients (``_grads``) + G, the
+    parameters the coordinator keeps gathered (as above) + what ZeRO-3 keeps (``_ds3_kept``)."""
+    P = llama8b.num_params
     b = _run(llama8b, h100, zero=3, offload="optimizer")
-    g = _gathered(_state_peak_moment(b))
+    moment = _state_peak_moment(b)
+    g = _gathered(moment)
     assert 0 < g <= _gathered_bound(llama8b)
     on_gpu = _model_state_peak(b) - CUBLAS_HANDLES * cublas_workspace_bytes(h100)
-    assert on_gpu == pytest.approx(2 * P / N + 2 * L + g + _ds3_kept(llama8b), abs=64)
+    assert on_gpu == pytest.approx(2 * P / N + _grads(llama8b, moment) + g
+                                   + _ds3_kept(llama8b), abs=64)
 
 
 def test_deepspeed_zero3_offload_all(llama8b, h100):
-    """DeepSpeed: 4L with parameters and optimizer offloaded; ours one unit's gradients (2L) +
-    G (as above) + what ZeRO-3 keeps on the GPU (``_ds3_kept``)."""
-    P, L = llama8b.num_params, llama8b.largest_layer_numel()
+    """DeepSpeed: 4L with parameters and optimizer offloaded; ours the moment's 16-bit gradients
+    (``_grads``) + G (as above) + what ZeRO-3 keeps on the GPU (``_ds3_kept``)."""
+    P = llama8b.num_params
     b = _run(llama8b, h100, zero=3, offload="params+optimizer")
-    g = _gathered(_state_peak_moment(b))
+    moment = _state_peak_moment(b)
+    g = _gathered(moment)
     assert 0 < g <= _gathered_bound(llama8b)
     workspaces = CUBLAS_HANDLES * cublas_workspace_bytes(h100)
-    assert _model_state_peak(b) - workspaces == pytest.approx(2 * L + g + _ds3_kept(llama8b),
-                                                              abs=64)
+    assert _model_state_peak(b) - workspaces == pytest.approx(
+        _grads(llama8b, moment) + g + _ds3_kept(llama8b), abs=64)
     # Host holds 2 B params + 4 B fp32 grads + 4 B master + 8 B Adam = 18 B/param over the ranks
     # (DeepSpeed's 18P/nodes before its 1.5 factor), + 2 B of the 16-bit flat gradient partition
     # that DeepSpeed's formula leaves out (stage3.py grad_partitions_flat_buffer, on the host

@@ -135,8 +135,16 @@ def test_four_ranks_match_the_committed_run():
                         "dist_nproc4.json").read_text())
     now = validate_distributed(nproc=4).to_dict()
     for a, b in zip(now["cases"], saved["cases"], strict=True):
-        assert [x["measured_peak_allocated_bytes"] for x in a["ranks"]] == \
-               [x["measured_peak_allocated_bytes"] for x in b["ranks"]], a["name"]
+        late = RELEASED_LATE.get(a["name"], 0)
+        for x, y in zip(a["ranks"], b["ranks"], strict=True):
+            assert x["measured_peak_allocated_bytes"] - y["measured_peak_allocated_bytes"] in \
+                {0, late}, (a["name"], x["rank"])
+
+
+RELEASED_LATE = {"deepspeed zero3 bf16 ckpt reuse 0": 262_144}
+"""Cases where a rank may hold one released all-gather buffer more at the peak in some runs
+(the head's, freed by the gloo thread that ran it: estimate/zero3_live.py rule 6,
+validation/zero3_release.json); the committed run is the state without it."""
 
 
 def test_storage_resize_is_a_free_and_an_allocation():

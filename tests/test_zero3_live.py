@@ -46,6 +46,21 @@ def test_reuse_zero_keeps_nothing_into_the_backward():
     assert live_gathered(MODS, max_live=10**9, reuse=0, prefetch=0).after_forward == 0
 
 
+def test_each_release_is_recorded_for_the_next_use():
+    # reuse 0: every use releases its module; the use after it still counts those bytes
+    g = live_gathered([Use(numel=10, nbytes=20), Use(numel=5, nbytes=10),
+                       Use(numel=1, nbytes=2)], max_live=10**9, reuse=1e9, prefetch=0)
+    assert g.released == (0, 0, 0, 2, 10, 20)  # c is released only after its backward use
+    assert [g.held_before(k) for k in range(6)] == [0, 0, 0, 0, 2, 10]
+    g0 = live_gathered(MODS, max_live=10**9, reuse=0, prefetch=0)
+    assert g0.released == (20,) * 6 and g0.held_before(3) == 20 and g0.held_before(0) == 0
+
+
+def test_persistent_and_prefetched_modules_release_nothing():
+    mods = [Use(numel=1, nbytes=2, persistent=True)] + MODS
+    assert live_gathered(mods, max_live=10**9, reuse=0, prefetch=0).released[0] == 0
+
+
 def test_trace_order_reruns_a_checkpointed_unit_before_its_backward():
     order, where = trace_order([1, 2, 1], [False, True, False])
     assert order == [0, 1, 2, 3, 3, 1, 2, 2, 1, 0]
@@ -78,15 +93,37 @@ def test_reuse_distance_moves_the_estimate(llama8b, h100):
     # Llama-8B: the head (128256 x 4096) is used again right after its forward, so reuse 1e9
     # keeps it gathered at the loss; a layer's modules are further than 1e9 elements from their
     # backward (the head's forward and backward alone are 1.05e9), so they are released.
-    # Reuse 0 releases every module after its use: nothing is gathered at the loss.
+    # Reuse 0 releases every module after its use: nothing is gathered at the loss, but the
+    # head's buffer, released last, is still counted there (rule 6: its all-gather's work
+    # object may hold it until the communication thread drops it).
     keep, peak_keep = _gathered(llama8b, h100, gpus=8, stage3_prefetch_bucket_size=0)
     drop, peak_drop = _gathered(llama8b, h100, gpus=8, stage3_prefetch_bucket_size=0,
                                 stage3_max_reuse_distance=0)
     head = 128256 * 4096 * 2
     loss = next(k for k in keep if k.startswith("backward") and k.endswith("loss"))
-    assert (keep[loss], drop.get(loss, 0)) == (head, 0)  # a 0 B item is left out
-    assert max(drop.values()) == head  # one module at a time: the largest, head or embedding
-    assert peak_keep > peak_drop
+    assert (keep[loss], drop[loss]) == (head, head)
+    # one module at a time plus the one released before it: the most is the head's backward
+    # fetch while its forward buffer, released before the loss, may still be referenced
+    assert max(drop.values()) == drop["backward/backward: head"] == 2 * head
+    # the upper state of rule 6 costs reuse 0 one head at the head's backward fetch (reuse
+    # 1e9 re-uses the kept one): the backward peak is then higher than with reuse 1e9
+    assert keep["backward/backward: head"] == head
+    assert peak_drop > peak_keep
+
+
+def test_backward_holds_one_parameter_gradient_not_a_unit(llama8b, h100):
+    # rule 7: the loss's backward holds no 16-bit gradient; a layer's backward its largest
+    # parameter's (the 14336 x 4096 MLP matrix), not the whole layer's
+    from memplan import Recipe, estimate
+
+    rank = estimate(llama8b, Recipe.of(precision="bf16-mixed", engine="deepspeed", zero=3,
+                                       gpus=8), h100).ranks[0]
+    grads = {m.label: i.bytes for m in rank.moments for i in m.items
+             if i.name == "16-bit gradient before its reduce hook"}
+    names = {i.name for m in rank.moments for i in m.items}
+    assert "unsharded gradients of one unit" not in names
+    assert not any(k.endswith("loss") for k in grads)
+    assert grads["backward: layer 3"] == 14336 * 4096 * 2
 
 
 def test_one_gpu_gathers_nothing_extra(llama8b, h100):

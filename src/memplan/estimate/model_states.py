@@ -258,8 +258,9 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
                 formula="current + prefetched unit, unsharded as stored: compute dtype, packed "
                 "4/8-bit for a QLoRA base (FSDP limit_all_gathers keeps two units; PyTorch "
                 "FSDP notes)"))
-        if t_numel:
-            # FSDP computes the unit's gradients in param_dtype and reduce-scatters them in
+        if t_numel and not zero3_live_applies(recipe):
+            # DeepSpeed ZeRO-3's 16-bit gradients are per parameter, per moment (zero3_live.py
+            # rule 7); FSDP computes the unit's gradients in param_dtype and reduce-scatters them in
             # reduce_dtype (default: param_dtype), casting only the shard to fp32
             # (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce);
             # DeepSpeed's 16-bit model has 16-bit gradients already (gb).

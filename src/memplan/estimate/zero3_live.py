@@ -27,6 +27,30 @@ DeepSpeed 0.19.8, ``deepspeed/runtime/zero/partitioned_param_coordinator.py``
    prefetch front runs ahead until ``max_live`` elements are live (Llama-8B with the defaults:
    about 1e9 elements, 2 GB in bf16, through the backward); on the tiny Llama a prefetch of
    40,000 elements gathers the whole model (validation/zero3_live.json).
+6. **Released, still referenced.** A release (``free_param``, ``partition_parameters.py``) only
+   drops ``param.data``; the all-gather's output buffer is also referenced by the collective's
+   work object (``_all_gather_sequential``: ``param.data = param_buffer.narrow(...)``, the
+   buffer handed to ``dist.allgather_fn(..., async_op=True)``), and the communication thread
+   that ran the collective holds that object until it is scheduled again after signalling
+   completion (torch ``ProcessGroupGloo::runLoop``: ``workInProgress_[i].reset()`` after
+   ``AsyncWork::execute``). So the buffer released last can outlive its release by a thread
+   switch: on 4 gloo ranks gathered buffers (``_all_gather_sequential``) and reduce-scatter
+   inputs were freed by a gloo thread after the release in some steps, the latter up to the
+   optimizer step (``validation/zero3_release.json``, ``scripts/measure_zero3_release.py``);
+   ``deepspeed zero3 bf16 ckpt reuse 0`` had one 262,144 B tensor (the size of the head's
+   gathered weight, the buffer released last before the loss) more at the loss on some ranks
+   of some runs (README "validate --nproc"). Each moment therefore counts, on top of what is
+   gathered, the bytes released by the use just before it (``Gathered.released``), the upper
+   of the two states.
+7. **Gradients.** ZeRO-3's 16-bit gradients are per parameter, not per unit: autograd writes a
+   parameter's full ``.grad``, its hook (``stage3.py`` ``reduce_partition_and_remove_grads`` ->
+   ``__add_grad_to_ipg_bucket``) copies it into the ``reduce_bucket_size`` bucket when it fits
+   and keeps it until the bucket is reduced when it does not. A moment of the backward of a
+   unit holds its largest parameter's gradient; the loss's backward holds none (no parameter
+   has a gradient yet). Reducing a bucket (``__avg_scatter_grads`` ->
+   ``runtime/comm/coalesced_collectives.py`` ``reduce_scatter_coalesced``) ``torch.cat``s the
+   bucket's gradients, padded, into one flat input: a second bucket of
+   ``min(reduce_bucket_size, trainable elements)`` while a unit's backward runs.
 
 On one rank the "gathered" parameter is a view of its partition (``partition_parameters.py``
 ``_no_gather_coalesced`` -> ``NoGatherHandle``: ``param.ds_tensor.data.to(device)``, the same
@@ -38,7 +62,9 @@ checkpointing reruns a layer's forward uses right before its backward (``trace_o
 first step's one-module-at-a-time gathering is not separated from the steady step's (the larger
 one is kept); a layer's instant holds the most gathered while any of its modules runs; MoE
 experts are all taken as used (DeepSpeed's trace holds only the experts that got tokens, and a
-different set in the next step invalidates the trace).
+different set in the next step invalidates the trace). Rule 6 counts one released buffer (the
+most measured); gloo runs collectives on two threads by default, so two could be held, and
+whether NCCL's work objects hold theirs as long on a GPU is not measured here.
 """
 
 from __future__ import annotations
@@ -85,6 +111,13 @@ class Gathered:
     the first backward fetch (the loss and its backward run then)."""
     n_forward: int
     """Uses in the forward (the first ``n_forward`` of ``per_use``)."""
+    released: tuple[int, ...] = ()
+    """Bytes released at the end of each use (rule 6: still referenced by the collective's
+    work object until the communication thread drops it)."""
+
+    def held_before(self, use: int) -> int:
+        """Bytes released by the use just before ``use`` (0 for the first)."""
+        return self.released[use - 1] if 0 < use <= len(self.released) else 0
 
     @property
     def forward_peak(self) -> int:
@@ -147,6 +180,7 @@ def _simulate(mods: tuple[Use, ...], order: tuple[int, ...], max_live: int, reus
     fetched_for = [-1] * len(mods)
     queue = deque(range(n))
     per_use: list[int] = []
+    released: list[int] = []
     for t, m in enumerate(order):
         if t == len(mods):
             after_forward = live
@@ -167,12 +201,15 @@ def _simulate(mods: tuple[Use, ...], order: tuple[int, ...], max_live: int, reus
             gathered.add(p)
             n_avail, live = n_avail + mods[p].numel, live + mods[p].nbytes
         per_use.append(live)
+        released.append(0)
         if mods[m].persistent or fetched_for[m] > t:
             continue
         if nxt[t] == n or walk[nxt[t]] - walk[t + 1] >= reuse:
             gathered.discard(m)
             n_avail, live = n_avail - mods[m].numel, live - mods[m].nbytes
-    return Gathered(per_use=tuple(per_use), after_forward=after_forward, n_forward=len(mods))
+            released[-1] = mods[m].nbytes
+    return Gathered(per_use=tuple(per_use), after_forward=after_forward, n_forward=len(mods),
+                    released=tuple(released))
 
 
 def zero3_live_applies(recipe: Recipe) -> bool:
@@ -216,34 +253,55 @@ def zero3_gathered(stage: Stage, recipe: Recipe, compute_dtype: str
 
 def zero3_instants(stage: Stage, recipe: Recipe, dt: Dtypes,
                    instants: list[Instant]) -> list[Instant]:
-    """``instants`` with DeepSpeed's gathered parameters of each one added.
+    """``instants`` with DeepSpeed's gathered parameters and 16-bit gradients of each one added.
 
     ``stage.units`` is (embedding, layer 0 .. layer L-1, head); an instant of region ``layer i``
-    holds the most gathered while that layer's modules run (its recompute included),
-    ``embedding`` the embedding's, any other forward region the head's; in backward, ``loss``
-    holds what the forward kept (``Gathered.after_forward``) and any other region the head's
-    backward."""
+    holds the most gathered while that layer's modules run (its recompute included), each use
+    with what the use before it released (rule 6), ``embedding`` the embedding's, any other
+    forward region the head's; ``loss`` (forward and backward) holds what the forward kept
+    (``Gathered.after_forward``) and what the head's forward released; any other backward
+    region the head's. A backward instant of a unit also holds the 16-bit gradient of the
+    unit's largest trainable parameter and the flat copy of a bucket being reduced (rule 7;
+    ``reduce_scatter_coalesced`` skips the copy for a lone tensor that splits evenly, which
+    this upper bound ignores)."""
     g, where = zero3_gathered(stage, recipe, dt.compute)
     last = len(stage.units) - 1
+    gb = dtype_bytes(dt.grad)
+    grad = [max((math.ceil(h.numel * gb) for h in u if h.trainable and not h.quantized),
+                default=0) for u in stage.units]
+    flat = math.ceil(min(recipe.engine.reduce_bucket_size, stage.trainable_numel) * gb)
 
     def most(unit: int, backward: bool) -> int:
-        return max((g.per_use[k] for k in where[(unit, backward)]), default=0)
+        return max((g.per_use[k] + g.held_before(k) for k in where[(unit, backward)]),
+                   default=0)
 
     out = []
     for inst in instants:
         region = inst.label.split(": ", 1)[-1]
         bwd = inst.phase == Phase.BACKWARD
+        unit: int | None = last
         if region.startswith("layer ") and region[6:].isdigit() and int(region[6:]) + 1 < last:
-            b = most(int(region[6:]) + 1, bwd)
+            unit = int(region[6:]) + 1
         elif region == "embedding":
-            b = most(0, bwd)
-        elif bwd and region == "loss":
-            b = g.after_forward
-        else:
-            b = most(last, bwd)
-        item = Item(category=Category.COMMUNICATION, name="ZeRO-3 gathered parameters",
-                    bytes=b, formula=_formula(recipe))
-        out.append(replace(inst, items=inst.items + (item,)))
+            unit = 0
+        elif region == "loss":
+            unit = None
+        b = g.after_forward + g.held_before(g.n_forward) if unit is None else most(unit, bwd)
+        items = [Item(category=Category.COMMUNICATION, name="ZeRO-3 gathered parameters",
+                      bytes=b, formula=_formula(recipe))]
+        if bwd and unit is not None and grad[unit]:
+            items.append(Item(
+                category=Category.COMMUNICATION, name="16-bit gradient before its reduce hook",
+                bytes=grad[unit], formula="the unit's largest trainable parameter's full .grad in "
+                f"the gradient dtype, {dt.grad} (DeepSpeed 0.19.8 stage3.py "
+                "reduce_partition_and_remove_grads -> __add_grad_to_ipg_bucket)"))
+            items.append(Item(
+                category=Category.COMMUNICATION, name="flat copy of the bucket being reduced",
+                bytes=flat, formula=f"min(reduce_bucket_size {recipe.engine.reduce_bucket_size:.3g}"
+                f", trainable elements) x {dt.grad} (DeepSpeed 0.19.8 runtime/comm/"
+                "coalesced_collectives.py reduce_scatter_coalesced: torch.cat of the padded "
+                "partitions)"))
+        out.append(replace(inst, items=inst.items + tuple(items)))
     return out
 
 
@@ -254,4 +312,5 @@ def _formula(recipe: Recipe) -> str:
             f"stage3_prefetch_bucket_size {e.stage3_prefetch_bucket_size:.3g}, "
             f"stage3_max_live_parameters {e.stage3_max_live_parameters:.3g}); DeepSpeed 0.19.8 "
             "partitioned_param_coordinator.py fetch_sub_module / __params_to_release, "
-            "simulated over the step's trace (estimate/zero3_live.py)")
+            "simulated over the step's trace, plus the buffer the use before released, still "
+            "referenced by its all-gather's work object (estimate/zero3_live.py)")
