@@ -245,12 +245,14 @@ def _has_torch() -> bool:
 
 def estimate_row(model_id: str, recipe: Recipe, device: Device) -> Breakdown:
     """``estimate()`` for a catalog family with a graph, the generic path otherwise (the same
-    dispatch as ``memplan estimate``, api.estimate_from_names)."""
+    dispatch as ``memplan estimate``, api.estimate_from_names); the allocator's slack replayed
+    (``estimate/reserved.py``) where the graph gives the stream, the flat fraction otherwise."""
     if is_generic(model_id):
         from memplan.generic import generic_estimate
 
         return generic_estimate(model_id, _family(model_id), recipe, device)
-    return estimate(model(model_id), recipe, device, search_micro_batch=False)
+    return estimate(model(model_id), recipe, device, search_micro_batch=False,
+                    allocator="replay")
 
 
 def _gpu(name: str) -> str | None:

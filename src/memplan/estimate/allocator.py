@@ -87,11 +87,13 @@ class Block:
     """A range of a segment (``struct Block``): allocated, cached free, or (expandable)
     unmapped address space."""
 
-    __slots__ = ("size", "ptr", "small", "allocated", "prev", "next", "mapped", "expandable")
+    __slots__ = ("size", "ptr", "small", "allocated", "prev", "next", "mapped", "expandable",
+                 "requested")
 
     def __init__(self, size: int, ptr: int, small: bool, expandable: bool = False) -> None:
         self.size, self.ptr, self.small, self.expandable = size, ptr, small, expandable
         self.allocated = False
+        self.requested = 0
         self.mapped = True
         self.prev: Block | None = None
         self.next: Block | None = None
@@ -136,8 +138,10 @@ class Allocator:
         self.expandable = expandable
         self.max_split = _NO_LIMIT if max_split_size is None else max_split_size
         self.pools = {True: _Pool(True), False: _Pool(False)}
-        self.reserved = self.allocated = 0
-        self.peak_reserved = self.peak_allocated = 0
+        self.reserved = self.allocated = self.requested = 0
+        self.peak_reserved = self.peak_allocated = self.peak_requested = 0
+        """``reserved_bytes``, ``allocated_bytes`` (block sizes), ``requested_bytes`` (the
+        requests' own bytes): current and peak."""
         self.segments = 0
         self.ooms = 0
         self._next_ptr = K_LARGE_BUFFER
@@ -167,9 +171,11 @@ class Allocator:
             block.next = rest
             block.size = size
             pool.insert(rest)
-        block.allocated = True
+        block.allocated, block.requested = True, nbytes
         self.allocated += block.size
+        self.requested += nbytes
         self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self.peak_requested = max(self.peak_requested, self.requested)
         return block
 
     def _should_split(self, block: Block, size: int) -> bool:
@@ -274,6 +280,7 @@ class Allocator:
         assert block.allocated, "double free"
         block.allocated = False
         self.allocated -= block.size
+        self.requested -= block.requested
         pool = self.pools[block.small]
         for other in (block.prev, block.next):
             self._merge(block, other, pool)

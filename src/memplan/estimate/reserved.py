@@ -1,0 +1,98 @@
+"""Reserved memory from the allocator replay: the caching allocator's slack
+(``max_memory_reserved - max_memory_allocated``) of the simulated step.
+
+The stream replayed through ``allocator.Allocator`` is what the estimator simulates tensor by
+tensor, for ``STEPS`` micro-batches in a row, on one allocator (its cache carries over):
+
+- each micro-batch's forward and backward, op by op (``activations.stage_events``): saved
+  activations, intermediates, activation gradients, an op's scratch, and each parameter's
+  gradient as the backward produces it;
+- at the end of the first step, inside ``optimizer.step()``, the optimizer's states when torch
+  creates them there (the lazy states line of ``model_states``): per parameter in forward
+  order, ``states`` tensors (``facts`` optimizer table), the line's bytes shared out in
+  proportion to the parameters' gradients;
+- ``zero_grad(set_to_none=True)`` frees the gradients after each step, unless they accumulate
+  (``activations.accumulates``: grad_accum > 1 or set_to_none off), then they stay.
+
+Not in the stream (allocated apart, so they add no slack here): parameters and other state
+allocated before the step (their segments are sized to them, at most 2 MiB of rounding each),
+ZeRO / FSDP gather buffers, DeepSpeed's flat buffers, pipeline micro-batches in flight, the
+optimizer step's temporaries. The replay does not release cache near a full device (no
+capacity is passed): slack near the capacity is an upper bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..breakdown import Category, Item, Pool
+from ..facts import optimizer_facts
+from ..recipe import Recipe
+from .activations import Event
+from .allocator import Allocator, Block
+from .lines import Line
+
+__all__ = ["STEPS", "replay_steps", "replayed_slack", "lazy_state_bytes"]
+
+STEPS = 3
+"""Micro-batches replayed: the first step (states created), then two that reuse its cache; the
+third repeats the second's pattern for a periodic stream (checked by ``test_reserved.py``)."""
+
+
+def lazy_state_bytes(lines: Sequence[Line]) -> int:
+    """Bytes of optimizer states torch creates inside the first ``optimizer.step()``."""
+    return sum(ln.item.bytes for ln in lines if ln.lazy and ln.item.pool == Pool.ALLOCATED
+               and ln.item.category == Category.OPTIMIZER)
+
+
+def replay_steps(events: Sequence[Event], *, keep_grads: bool, state_bytes: int = 0,
+                 states: int = 0, expandable: bool = False, steps: int = STEPS) -> Allocator:
+    """Replay ``steps`` micro-batches of ``events`` (``activations.stage_events``) on one
+    allocator; ``keep_grads``: gradients accumulate (allocated in the first micro-batch only,
+    never freed); ``state_bytes`` shared out as ``states`` tensors per parameter at the end of
+    the first step."""
+    a = Allocator(expandable=expandable)
+    grads: list[Block] = []
+    sizes = [n for _, n, kind in events if kind == "grad"]
+    for step in range(steps):
+        live: dict[object, Block] = {}
+        for key, nbytes, kind in events:
+            if kind == "grad":
+                if not (keep_grads and step):
+                    grads.append(a.malloc(nbytes))
+            elif nbytes:
+                if key not in live:
+                    live[key] = a.malloc(nbytes)
+            elif key in live:
+                a.free(live.pop(key))
+        for b in live.values():  # the loss and outputs, dropped when the step's frame ends
+            a.free(b)
+        if step == 0 and state_bytes and states and sum(sizes):
+            total = sum(sizes)
+            for g in reversed(sizes):  # parameters in forward order: the backward's reverse
+                for _ in range(states):
+                    a.malloc(max(1, round(state_bytes * g / total / states)))
+        if not keep_grads:
+            for b in grads:
+                a.free(b)
+            grads = []
+    return a
+
+
+def replayed_slack(events: Sequence[Event], lines: Sequence[Line], recipe: Recipe,
+                   accumulate: bool) -> int:
+    """``peak reserved - peak requested`` of ``replay_steps`` for this recipe: the bytes the
+    caching allocator holds beyond the simulated tensors at its peak (>= 0)."""
+    kind = str(recipe.optimizer.kind)
+    a = replay_steps(events, keep_grads=accumulate, state_bytes=lazy_state_bytes(lines),
+                     states=optimizer_facts(kind).states,
+                     expandable=recipe.platform.expandable_segments)
+    return max(0, a.peak_reserved - a.peak_requested)
+
+
+def slack_item(slack: int, expandable: bool) -> Item:
+    """The replayed slack as the breakdown's allocator line."""
+    return Item(category=Category.OVERHEAD, name="allocator slack (replayed" + (
+        ", expandable segments)" if expandable else ")"), bytes=slack, pool=Pool.RESERVED,
+        formula="reserved - allocated of the simulated step replayed through PyTorch's "
+        "caching-allocator rules (estimate/allocator.py, estimate/reserved.py)")
