@@ -104,3 +104,16 @@ def test_expandable_segments_reach_the_replay() -> None:
     assert got[True].name == "allocator slack (replayed, expandable segments)"
     assert got[False].name == "allocator slack (replayed)"
     assert got[True].bytes != got[False].bytes
+
+
+@pytest.mark.parametrize("keys", [dict(gpus=2, zero=3), dict(gpus=2, pp=2)])
+def test_flat_fraction_where_the_stream_misses_the_churn(keys: dict[str, object]) -> None:
+    """ZeRO-3 (gather buffers) and pipeline parallelism (micro-batches in flight) are not in
+    the simulated stream: ``allocator="replay"`` keeps the flat fraction there."""
+    spec, device = load_model(MODEL), get_device("H100-80GB")
+    recipe = Recipe.of(seq_len=512, **keys)
+    replay = estimate(spec, recipe, device, search_micro_batch=False, allocator="replay")
+    flat = estimate(spec, recipe, device, search_micro_batch=False)
+    assert [r.device_total_bytes for r in replay.ranks] == [r.device_total_bytes
+                                                             for r in flat.ranks]
+    assert all(any(i.name == "allocator fragmentation" for i in r.outside) for r in replay.ranks)

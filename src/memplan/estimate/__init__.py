@@ -20,7 +20,7 @@ from .model_states import model_state_items
 from .overhead import fragmentation_item, nccl_items, overhead_items
 from .activations import Point, cpu_checkpoint_bytes, points_key, stage_events, stage_points
 from .activations import accumulates
-from .reserved import replayed_slack, slack_item
+from .reserved import replayed_slack, slack_item, stream_covers
 from .lines import Line
 from .fsdp1_units import fsdp1_instants, fsdp1_per_moment
 from .fsdp2_units import fsdp2_instants, fsdp2_per_moment
@@ -248,13 +248,14 @@ def stage_parts(model: ModelSpec, recipe: Recipe, device: Device, *,
 ALLOCATORS = ("flat", "replay")
 """How the caching allocator's slack is estimated: ``flat``, a fraction of the peak
 (``overhead.fragmentation_item``); ``replay``, the simulated step replayed through the
-allocator's rules (``reserved.py``), slower: ``estimate`` and the golden comparison."""
+allocator's rules (``reserved.py``) where the stream covers the step (``stream_covers``), the
+flat fraction elsewhere; slower: ``estimate`` and the golden comparison."""
 
 
 def _slack(model: ModelSpec, stage: Stage, lines: list[Line], recipe: Recipe, peak: int,
            allocator: str) -> Item | None:
     """The allocator slack of one rank of ``stage`` with a ``peak`` allocated."""
-    if allocator == "flat" or recipe.platform.device == "cpu":
+    if allocator == "flat" or recipe.platform.device == "cpu" or not stream_covers(recipe):
         return fragmentation_item(peak, recipe)
     events = stage_events(model, stage, recipe, dtypes(recipe))
     return slack_item(replayed_slack(events, lines, recipe, accumulates(recipe)),

@@ -32,11 +32,23 @@ from .activations import Event
 from .allocator import Allocator, Block
 from .lines import Line
 
-__all__ = ["STEPS", "replay_steps", "replayed_slack", "lazy_state_bytes"]
+__all__ = ["STEPS", "replay_steps", "replayed_slack", "lazy_state_bytes", "stream_covers",
+           "slack_item"]
 
 STEPS = 3
 """Micro-batches replayed: the first step (states created), then two that reuse its cache; the
 third repeats the second's pattern for a periodic stream (checked by ``test_reserved.py``)."""
+
+
+def stream_covers(recipe: Recipe) -> bool:
+    """Whether the simulated stream holds the step's churn, so the replay applies: not when
+    parameters are gathered and released module by module (ZeRO-3, FSDP of any sharding,
+    torchtitan: their gather buffers are not tensors of the graph), nor under pipeline
+    parallelism (the micro-batches in flight are not replayed). Elsewhere the flat fraction
+    stays (``overhead.fragmentation_item``)."""
+    par = recipe.parallelism
+    return (par.zero < 3 and par.pp == 1
+            and str(recipe.engine_kind) not in ("fsdp1", "fsdp2", "torchtitan"))
 
 
 def lazy_state_bytes(lines: Sequence[Line]) -> int:

@@ -26,7 +26,8 @@ from .graph import Point, simulate
 from .policy import host_checkpoint_bytes, policy_of
 from .traffic import Traffic, graph_traffic
 
-__all__ = ["Event", "Point", "Traffic", "points_key", "stage_events", "stage_points", "stage_traffic",
+__all__ = ["Event", "Point", "Traffic", "points_key", "stage_events", "stage_points",
+           "stage_traffic",
            "cpu_checkpoint_bytes", "graph_attention", "held_bytes"]
 
 
