@@ -65,6 +65,12 @@ def test_step_loop_by_hand() -> None:
     assert (a.peak_reserved, a.peak_requested) == (70 * MIB, 60 * MIB)
     kept = replay_steps(events, keep_grads=True)
     assert (kept.peak_reserved, kept.peak_requested) == (40 * MIB, 40 * MIB)
+    # a 15 MiB foreach copy per step fits none of the 10 MiB holes: a new segment in step 1
+    # (15 MiB rounded up to 2 MiB: 16 MiB; reused after), and step 2's activation still needs
+    # its own: 30 + 10 + 16 + 30 MiB
+    temps = replay_steps(events, keep_grads=False, state_bytes=20 * MIB, states=2,
+                         temporaries=[(15 * MIB, True)])
+    assert (temps.peak_reserved, temps.peak_requested) == (86 * MIB, 60 * MIB)
 
 
 def test_estimate_reports_the_replayed_slack() -> None:
