@@ -123,3 +123,22 @@ def test_flat_fraction_where_the_stream_misses_the_churn(keys: dict[str, object]
     assert [r.device_total_bytes for r in replay.ranks] == [r.device_total_bytes
                                                              for r in flat.ranks]
     assert all(any(i.name == "allocator fragmentation" for i in r.outside) for r in replay.ranks)
+
+
+@pytest.mark.parametrize("keys", [dict(seq_len=512, micro_batch=2),
+                                  dict(seq_len=512, grad_accum=2)])
+def test_three_micro_batches_reach_the_steady_state(keys: dict[str, object]) -> None:
+    """``STEPS`` = 3 is enough: replaying 6 micro-batches reserves no more (the allocator's
+    cache has settled after the first step's states and one steady step)."""
+    from memplan.estimate import stage_parts
+    from memplan.estimate.activations import accumulates
+    from memplan.estimate.reserved import STEPS, lazy_state_bytes, step_temporaries
+
+    spec, recipe = load_model(MODEL), Recipe.of(**keys)
+    lines = stage_parts(spec, recipe, get_device("H100-80GB"))[0][1]
+    events = stage_events(spec, layout(spec, recipe)[0], recipe, dtypes(recipe))
+    peaks = [replay_steps(events, keep_grads=accumulates(recipe),
+                          state_bytes=lazy_state_bytes(lines), states=2,
+                          temporaries=step_temporaries(lines), steps=n).peak_reserved
+             for n in (STEPS, 6)]
+    assert peaks[0] == peaks[1]

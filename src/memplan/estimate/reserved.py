@@ -40,7 +40,7 @@ __all__ = ["STEPS", "replay_steps", "replayed_slack", "lazy_state_bytes", "step_
 
 STEPS = 3
 """Micro-batches replayed: the first step (states created), then two that reuse its cache; the
-third repeats the second's pattern for a periodic stream (checked by ``test_reserved.py``)."""
+third repeats the second's pattern (``test_reserved.py``: 6 reserve no more)."""
 
 
 def stream_covers(recipe: Recipe) -> bool:
