@@ -9,7 +9,6 @@ import pytest
 from memplan import Recipe, get_device, load_model
 from memplan.estimate import estimate, rank_totals
 from memplan.estimate.activations import stage_events
-from memplan.estimate.activations.blocks import Ctx  # noqa: F401  (the graph's context type)
 from memplan.estimate.activations.events import record
 from memplan.estimate.activations.families import stage_graph
 from memplan.estimate.activations.graph import simulate

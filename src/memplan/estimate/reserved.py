@@ -20,8 +20,8 @@ tensor, for ``STEPS`` micro-batches in a row, on one allocator (its cache carrie
 Not in the stream (allocated apart, so they add no slack here): parameters and other state
 allocated before the step (their segments are sized to them, at most 2 MiB of rounding each),
 ZeRO / FSDP gather buffers, DeepSpeed's flat buffers, pipeline micro-batches in flight, the
-optimizer in backward's per-parameter steps. The replay does not release cache near a full device (no
-capacity is passed): slack near the capacity is an upper bound.
+optimizer in backward's per-parameter steps. The replay does not release cache near a full
+device (no capacity is passed): slack near the capacity is an upper bound.
 """
 
 from __future__ import annotations
