@@ -141,3 +141,13 @@ def test_three_micro_batches_reach_the_steady_state(keys: dict[str, object]) -> 
                           temporaries=step_temporaries(lines), steps=n).peak_reserved
              for n in (STEPS, 6)]
     assert peaks[0] == peaks[1]
+
+
+def test_unknown_allocator_is_refused() -> None:
+    """A misspelt ``allocator`` is a ``ConfigError`` naming the value and the choices."""
+    from memplan.errors import ConfigError
+
+    spec, device = load_model(MODEL), get_device("H100-80GB")
+    with pytest.raises(ConfigError, match="allocator='replayed' is not one of flat, replay"):
+        estimate(spec, Recipe.of(seq_len=256), device, search_micro_batch=False,
+                 allocator="replayed")
