@@ -245,12 +245,14 @@ def _has_torch() -> bool:
 
 def estimate_row(model_id: str, recipe: Recipe, device: Device) -> Breakdown:
     """``estimate()`` for a catalog family with a graph, the generic path otherwise (the same
-    dispatch as ``memplan estimate``, api.estimate_from_names)."""
+    dispatch as ``memplan estimate``, api.estimate_from_names); the allocator's slack replayed
+    (``estimate/reserved.py``) where the graph gives the stream, the flat fraction otherwise."""
     if is_generic(model_id):
         from memplan.generic import generic_estimate
 
         return generic_estimate(model_id, _family(model_id), recipe, device)
-    return estimate(model(model_id), recipe, device, search_micro_batch=False)
+    return estimate(model(model_id), recipe, device, search_micro_batch=False,
+                    allocator="replay")
 
 
 def _gpu(name: str) -> str | None:
@@ -846,16 +848,23 @@ MISSES.update({
              "0.6.1, validation/torchao_dequant.json) and is not counted; counting it would "
              "raise this row further.",
 })
+_REPLAYED = ("Inside tolerance with the flat 5 % allocator slack; the caching-allocator replay "
+             "(estimate/reserved.py) of the simulated stream leaves less slack than 5 % of the "
+             "peak, and nothing was fitted to bring it back. Unexplained: the counter is not "
+             "named, and what the allocator holds beyond the simulated tensors (model loading, "
+             "DeepSpeed's buffers: not in the stream) was not "
+             "measured.")
 MISSES.update({
+    "GT003": "-13.3% vs the band top (16.00 published, 12.75-13.87 predicted at seq_len 512; "
+             "flat slack: 14.27). " + _REPLAYED,
+    "GT215": "-21.2% vs the band top (18.70 published, 14.07-14.74 predicted; flat slack: "
+             "15.16). " + _REPLAYED,
     "GT037": "-21.2% (8.65 GiB reserved published, 6.82 predicted). " + _NF4_INIT,
-    "GT156": "-22.4% (16.20 published, 11.60-12.57 predicted). " + _QWEN_LOW,
     "GT164": "-29.0% (5.80 published, 3.55-4.12 predicted). " + _QWEN_INT4,
     "GT165": "-27.1% (6.00 published, 3.79-4.38 predicted). " + _QWEN_INT4,
     "GT166": "-26.0% (6.60 published, 4.28-4.88 predicted). " + _QWEN_INT4,
     "GT167": "-24.3% (7.80 published, 5.25-5.91 predicted). " + _QWEN_INT4,
-    "GT168": "-22.1% (10.20 published, 7.20-7.95 predicted). " + _QWEN_INT4,
     "GT169": "-23.9% (15.80 published, 11.08-12.03 predicted). " + _QWEN_INT4,
-    "GT193": "-20.4% (23.50 published, 17.43-18.70 predicted). " + _QWEN_INT4,
     "GT201": "-25.0% (30.27 published per GPU, 20.62-22.71 predicted). " + _QWEN_MULTI,
     "GT202": "-29.3% (38.88 published per GPU, 25.16-27.48 predicted). " + _QWEN_MULTI,
     "GT170": "-19.5% (43.50 published, 32.98-35.02 predicted). " + _QWEN_DS,

@@ -18,7 +18,9 @@ from .checks import check_compatible
 from .layout import Stage, layout
 from .model_states import model_state_items
 from .overhead import fragmentation_item, nccl_items, overhead_items
-from .activations import Point, cpu_checkpoint_bytes, points_key, stage_points
+from .activations import Point, cpu_checkpoint_bytes, points_key, stage_events, stage_points
+from .activations import accumulates
+from .reserved import replayed_slack, slack_item, stream_covers
 from .lines import Line
 from .fsdp1_units import fsdp1_instants, fsdp1_per_moment
 from .fsdp2_units import fsdp2_instants, fsdp2_per_moment
@@ -243,9 +245,27 @@ def stage_parts(model: ModelSpec, recipe: Recipe, device: Device, *,
                  for stage in layout(model, recipe, memo))
 
 
+ALLOCATORS = ("flat", "replay")
+"""How the caching allocator's slack is estimated: ``flat``, a fraction of the peak
+(``overhead.fragmentation_item``); ``replay``, the simulated step replayed through the
+allocator's rules (``reserved.py``) where the stream covers the step (``stream_covers``), the
+flat fraction elsewhere; slower: ``estimate`` and the golden comparison."""
+
+
+def _slack(model: ModelSpec, stage: Stage, lines: list[Line], recipe: Recipe, peak: int,
+           allocator: str) -> Item | None:
+    """The allocator slack of one rank of ``stage`` with a ``peak`` allocated."""
+    if allocator == "flat" or recipe.platform.device == "cpu" or not stream_covers(recipe):
+        return fragmentation_item(peak, recipe)
+    events = stage_events(model, stage, recipe, dtypes(recipe))
+    return slack_item(replayed_slack(events, lines, recipe, accumulates(recipe)),
+                      recipe.platform.expandable_segments)
+
+
 def _ranks(model: ModelSpec, recipe: Recipe, device: Device,
            memo: dict[object, object] | None = None, load: str = "full",
-           parts: tuple[StageParts, ...] | None = None) -> tuple[RankBreakdown, ...]:
+           parts: tuple[StageParts, ...] | None = None,
+           allocator: str = "flat") -> tuple[RankBreakdown, ...]:
     """One ``RankBreakdown`` per pipeline stage (the recipe is already checked): the load
     phase, then the first and the steady step."""
     if parts is None:
@@ -256,7 +276,8 @@ def _ranks(model: ModelSpec, recipe: Recipe, device: Device,
     per_stage = recipe.parallelism.gpus // recipe.parallelism.pp
     for stage, lines, instants, init, outside in parts:
         timeline = init + moments(lines, instants)
-        slack = fragmentation_item(max(m.allocated_bytes for m in timeline), recipe)
+        slack = _slack(model, stage, lines, recipe, max(m.allocated_bytes for m in timeline),
+                       allocator)
         ranks.append(RankBreakdown(role=_role(stage, recipe), ranks=per_stage,
                                    moments=timeline, outside=tuple(outside) + (
                                        (slack,) if slack is not None else ())))
@@ -265,7 +286,8 @@ def _ranks(model: ModelSpec, recipe: Recipe, device: Device,
 
 def rank_totals(model: ModelSpec, recipe: Recipe, device: Device, *,
                 memo: dict[object, object] | None = None, load: str = "full",
-                parts: tuple[StageParts, ...] | None = None) -> list[tuple[str, int]]:
+                parts: tuple[StageParts, ...] | None = None,
+                allocator: str = "flat") -> list[tuple[str, int]]:
     """(role, ``device_total_bytes``) of each rank of ``estimate(model, recipe, device,
     load=load).ranks``, in order, from the same parts without building the moments: the peak
     is ``timeline.peak_allocated`` (the largest moment's sum), the slack and the memory outside
@@ -276,12 +298,13 @@ def rank_totals(model: ModelSpec, recipe: Recipe, device: Device, *,
     Raises:
         ConfigError: as ``estimate`` (the same checks, run first).
     """
+    _check_allocator(allocator)
     if parts is None:
         parts = stage_parts(model, recipe, device, memo=memo, load=load)
     out = []
     for stage, lines, instants, init, outside in parts:
         peak = max(max(m.allocated_bytes for m in init), peak_allocated(lines, instants))
-        slack = fragmentation_item(peak, recipe)
+        slack = _slack(model, stage, lines, recipe, peak, allocator)
         beside = [*outside, slack] if slack is not None else outside
         out.append((_role(stage, recipe), peak + sum(
             i.bytes for i in beside if i.pool in (Pool.RESERVED, Pool.DEVICE))))
@@ -291,7 +314,8 @@ def rank_totals(model: ModelSpec, recipe: Recipe, device: Device, *,
 def estimate(model: ModelSpec, recipe: Recipe, device: Device, *,
              search_micro_batch: bool = True,
              memo: dict[object, object] | None = None, load: str = "full",
-             parts: tuple[StageParts, ...] | None = None) -> Breakdown:
+             parts: tuple[StageParts, ...] | None = None,
+             allocator: str = "flat") -> Breakdown:
     """Estimate per-rank GPU memory of training ``model`` with ``recipe`` on ``device``: the
     step's timeline per rank role, its peak, and the largest micro-batch that fits.
     ``memo``: a dict kept by a caller estimating many recipes of this one ``model``
@@ -299,14 +323,17 @@ def estimate(model: ModelSpec, recipe: Recipe, device: Device, *,
     ``load``: how ranks read the checkpoint (``HostSetup.load``: full, rank0, sharded, meta);
     with the engine and the quantiser it decides the load phase (``estimate/load.py``).
     ``parts``: ``stage_parts`` of these same arguments, when the caller already built them.
+    ``allocator``: ``ALLOCATORS``, how the allocator's slack is estimated.
 
     Raises:
         ConfigError: the recipe cannot apply to this model (all problems listed).
     """
     check_compatible(model, recipe)
     _check_load(load)
-    ranks = _ranks(model, recipe, device, memo, load, parts)
-    mmb = max_micro_batch(model, recipe, device, load=load) if search_micro_batch else None
+    _check_allocator(allocator)
+    ranks = _ranks(model, recipe, device, memo, load, parts, allocator)
+    mmb = (max_micro_batch(model, recipe, device, load=load, allocator=allocator)
+           if search_micro_batch else None)
     return Breakdown(
         source="estimate",
         model=ModelInfo(id=model.id, model_type=model.model_type, params=_num_params(model, memo),
@@ -321,6 +348,14 @@ def estimate(model: ModelSpec, recipe: Recipe, device: Device, *,
     )
 
 
+def _check_allocator(allocator: str) -> None:
+    from ..errors import ConfigError
+
+    if allocator not in ALLOCATORS:
+        raise ConfigError([f"allocator={allocator!r} is not one of {', '.join(ALLOCATORS)}: "
+                           "choose how the caching allocator's slack is estimated."])
+
+
 def _check_load(load: str) -> None:
     from ..errors import ConfigError
     from ..recipe.host import LOAD_MODES
@@ -331,25 +366,25 @@ def _check_load(load: str) -> None:
 
 
 def _fits(model: ModelSpec, recipe: Recipe, device: Device, micro_batch: int,
-          load: str = "full") -> bool:
+          load: str = "full", allocator: str = "flat") -> bool:
     batch = replace(recipe.batch, micro_batch=micro_batch)
-    ranks = _ranks(model, replace(recipe, batch=batch), device, load=load)
+    ranks = _ranks(model, replace(recipe, batch=batch), device, load=load, allocator=allocator)
     return all(r.device_total_bytes <= device.capacity_bytes for r in ranks)
 
 
 def max_micro_batch(model: ModelSpec, recipe: Recipe, device: Device, limit: int = 4096, *,
-                    load: str = "full") -> int:
+                    load: str = "full", allocator: str = "flat") -> int:
     """Largest micro-batch (everything else unchanged) whose every rank fits ``device``; 0 when
     not even 1 does. Doubling, then bisection: about 2 log2(answer) estimates."""
-    if not _fits(model, recipe, device, 1, load):
+    if not _fits(model, recipe, device, 1, load, allocator):
         return 0
     lo = 1
-    while lo < limit and _fits(model, recipe, device, min(2 * lo, limit), load):
+    while lo < limit and _fits(model, recipe, device, min(2 * lo, limit), load, allocator):
         lo = min(2 * lo, limit)
     hi = min(2 * lo, limit + 1)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _fits(model, recipe, device, mid, load):
+        if _fits(model, recipe, device, mid, load, allocator):
             lo = mid
         else:
             hi = mid

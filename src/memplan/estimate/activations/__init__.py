@@ -21,11 +21,13 @@ from ...model.peft_targets import ia3_roles, ln_tuning_leaves
 from .blocks import Ctx
 from .compose import compose, short_lengths, signatures
 from .families import stage_graph
+from .events import Event, record
 from .graph import Point, simulate
 from .policy import host_checkpoint_bytes, policy_of
 from .traffic import Traffic, graph_traffic
 
-__all__ = ["Point", "Traffic", "points_key", "stage_points", "stage_traffic",
+__all__ = ["Event", "Point", "Traffic", "points_key", "stage_events", "stage_points",
+           "stage_traffic",
            "cpu_checkpoint_bytes", "graph_attention", "held_bytes"]
 
 
@@ -163,6 +165,15 @@ def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
         ctx = key[2]
         memo[key] = _composed(spec, stage.layers, ctx, args, memo, acc)
     return memo[key]  # type: ignore[return-value]
+
+
+def stage_events(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Event]:
+    """The allocations and frees of one micro-batch through ``stage``, in order: the graph
+    ``stage_points`` simulates, recorded (``events.py``), whole (never composed)."""
+    ctx, args = _graph_args(spec, stage, recipe, dt)
+    g = stage_graph(spec, stage.layers, ctx, **args)  # type: ignore[arg-type]
+    g.accumulate = accumulates(recipe)
+    return record(g)
 
 
 def points_key(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> tuple[object, ...]:

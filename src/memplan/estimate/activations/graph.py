@@ -207,11 +207,11 @@ class _State:
             self.best[key] = total
 
 
-def simulate(graph: Graph) -> list[Point]:
+def simulate(graph: Graph, st: _State | None = None) -> list[Point]:
     """Replay the forward and backward of ``graph``; one ``Point`` per (phase, region), in
-    order, each at the region's largest instant."""
+    order, each at the region's largest instant. ``st``: a ``_State`` that records (events.py)."""
     ops = graph.ops
-    st = _State()
+    st = _State() if st is None else st
     # Who saves a tensor, outside checkpointed groups (inside one, saves die with the forward,
     # except the outputs a selective policy caches).
     keepers: dict[Tensor, int] = {}
