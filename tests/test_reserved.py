@@ -151,3 +151,30 @@ def test_unknown_allocator_is_refused() -> None:
     with pytest.raises(ConfigError, match="allocator='replayed' is not one of flat, replay"):
         estimate(spec, Recipe.of(seq_len=256), device, search_micro_batch=False,
                  allocator="replayed")
+
+
+def test_cli_allocator_option_prints_the_replayed_estimate() -> None:
+    """``memplan estimate --allocator replay`` reports what ``estimate(allocator="replay")``
+    gives (the device total), the default stays the flat fraction, and a misspelt
+    value exits 2 with the close match and no traceback."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from memplan.cli import app
+
+    spec, device = load_model(MODEL), get_device("A100-80GB")
+    recipe = Recipe.of(seq_len=512)
+    runner = CliRunner()
+    totals = {}
+    for allocator in ("flat", "replay"):
+        out = runner.invoke(app, ["estimate", MODEL, "--gpu", "A100-80GB", "--seq-len", "512",
+                                  "--allocator", allocator, "--format", "json"])
+        assert out.exit_code == 0, out.output
+        totals[allocator] = json.loads(out.output)["gpu"]["device_total_bytes"]
+        want = estimate(spec, recipe, device, allocator=allocator)
+        assert totals[allocator] == want.worst.device_total_bytes
+    assert totals["flat"] != totals["replay"]
+    bad = runner.invoke(app, ["estimate", MODEL, "--allocator", "replai"])
+    assert bad.exit_code == 2
+    assert "Did you mean 'replay'?" in bad.output and "Traceback" not in bad.output

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .breakdown import Breakdown
-from .estimate import estimate
+from .estimate import check_allocator, estimate
 from .hardware import cpu_device, get_device
 from .hardware.nodes import get_node
 from .host import HostSetup, node_hardware, parse_size
@@ -94,12 +94,15 @@ def _hidden_size(model: str | None) -> int | None:
 def estimate_from_names(model: str | ModelSpec, recipe: Recipe, machine: Machine | None = None,
                         setup: HostSetup | None = None, *,
                         calibration: Calibration | None = None,
-                        search_micro_batch: bool = True) -> Breakdown:
+                        search_micro_batch: bool = True,
+                        allocator: str = "flat") -> Breakdown:
     """Resolve names, estimate GPU memory, host RAM, NVMe and step time (with the rates of a
     ``memplan calibrate`` file when ``calibration`` is given). Raises ``MemplanError`` on bad
     input. ``model`` may also be a ``ModelSpec`` already built (the web page's pasted
     config.json); ``search_micro_batch=False`` skips the largest-micro-batch search (several more
-    estimates), leaving ``max_micro_batch`` None."""
+    estimates), leaving ``max_micro_batch`` None. ``allocator``: ``estimate.ALLOCATORS``, the
+    caching allocator's slack as a flat fraction or replayed (the generic path is always flat)."""
+    check_allocator(allocator)
     machine = machine or Machine()
     load = (setup or HostSetup()).load  # the GPU's load phase reads the host's load mode
     preset = get_node(machine.node) if machine.node else None
@@ -119,7 +122,7 @@ def estimate_from_names(model: str | ModelSpec, recipe: Recipe, machine: Machine
                                 if cpu else get_device(machine.gpu or "H100-80GB"))
     if recipe.platform.device == "cpu":
         return estimate(spec, recipe, cpu_device(machine.host_memory_bytes),
-                        search_micro_batch=search_micro_batch, load=load)
+                        search_micro_batch=search_micro_batch, load=load, allocator=allocator)
     device = get_device(machine.gpu if machine.gpu is not None
                         else (preset.gpu if preset else "H100-80GB"))
     hw = node_hardware(
@@ -127,8 +130,8 @@ def estimate_from_names(model: str | ModelSpec, recipe: Recipe, machine: Machine
         host_ram_bytes=parse_size(machine.host_ram, "--host-ram") if machine.host_ram else None,
         nvme_bytes=parse_size(machine.nvme, "--nvme") if machine.nvme else None,
         pcie_gen=machine.pcie)
-    return with_host_and_time(estimate(spec, recipe, device,
-                                       search_micro_batch=search_micro_batch, load=load),
+    return with_host_and_time(estimate(spec, recipe, device, search_micro_batch=search_micro_batch,
+                                       load=load, allocator=allocator),
                               spec, recipe, device, hw, setup, calibration)
 
 

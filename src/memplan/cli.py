@@ -70,6 +70,9 @@ def estimate(
     hardware: Annotated[Path | None, Opt(help=HW_HELP["hardware"])] = None,
     gpu_memory: Annotated[str | None, Opt(help=HW_HELP["gpu_memory"])] = None,
     gpu_set: Annotated[list[str] | None, Opt(help=HW_HELP["gpu_set"])] = None,
+    allocator: Annotated[str, Opt(help="Caching-allocator slack: flat (5% of the peak, what "
+                                        "`plan` uses) | replay (the simulated step replayed "
+                                        "through PyTorch's allocator rules; slower).")] = "flat",
     flags: dict[str, Any] | None = None,
 ) -> None:
     """Estimate per-GPU memory, host RAM, NVMe and step time of one training configuration.
@@ -91,7 +94,8 @@ def estimate(
         machine = api.Machine(gpu=name, node=node_name, host_ram=host_ram, nvme=nvme, pcie=pcie,
                               host_memory_bytes=host_memory_bytes())
         cal = load_calibration(calibration) if calibration else None
-        return api.estimate_from_names(model, job, machine, setup, calibration=cal)
+        return api.estimate_from_names(model, job, machine, setup, calibration=cal,
+                                       allocator=allocator)
 
     _show(_guard(run), format, quiet)
 

@@ -298,7 +298,7 @@ def rank_totals(model: ModelSpec, recipe: Recipe, device: Device, *,
     Raises:
         ConfigError: as ``estimate`` (the same checks, run first).
     """
-    _check_allocator(allocator)
+    check_allocator(allocator)
     if parts is None:
         parts = stage_parts(model, recipe, device, memo=memo, load=load)
     out = []
@@ -330,7 +330,7 @@ def estimate(model: ModelSpec, recipe: Recipe, device: Device, *,
     """
     check_compatible(model, recipe)
     _check_load(load)
-    _check_allocator(allocator)
+    check_allocator(allocator)
     ranks = _ranks(model, recipe, device, memo, load, parts, allocator)
     mmb = (max_micro_batch(model, recipe, device, load=load, allocator=allocator)
            if search_micro_batch else None)
@@ -348,12 +348,16 @@ def estimate(model: ModelSpec, recipe: Recipe, device: Device, *,
     )
 
 
-def _check_allocator(allocator: str) -> None:
+def check_allocator(allocator: str) -> None:
     from ..errors import ConfigError
 
     if allocator not in ALLOCATORS:
+        import difflib
+
+        close = difflib.get_close_matches(allocator, ALLOCATORS, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ConfigError([f"allocator={allocator!r} is not one of {', '.join(ALLOCATORS)}: "
-                           "choose how the caching allocator's slack is estimated."])
+                           f"choose how the caching allocator's slack is estimated.{hint}"])
 
 
 def _check_load(load: str) -> None:
