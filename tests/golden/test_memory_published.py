@@ -791,7 +791,7 @@ _QWEN_FIXED = (
     "'emb' rows alike; 14B 2.4-3.2), i.e. fixed and not proportional to the allocated bytes, "
     "while memplan adds 0.4 GiB CUDA context + 5 % reserve. Checked and ruled out (session 11, "
     "issue #11): QwenLM/Qwen holds no profiling script (no max_memory_*, nvidia-smi or pynvml "
-    "call at b5fad3d..HEAD 2df8e8a), so the counter stays unknown; Qwen-1's QWenAttention "
+    "call in its scripts at b5fad3d, e8e1596 or 2df8e8a), so the counter stays unknown; Qwen-1's QWenAttention "
     "registers only masked_bias (scalar) and logn_tensor (32,767 floats), no [P, P] causal-mask "
     "buffer (modeling_qwen.py, copy in alibaba/MNN@7cad2ee transformers/llm/export/llm_models/"
     "Qwen-1_8B); finetune.py at e8e1596 (the commit that published the 1.8B rows) loads with "
