@@ -787,15 +787,30 @@ MISSES: dict[str, str] = {
 candidates). They are not xfails: the accuracy table and README count them as misses, and
 ``test_unexplained_misses_still_miss`` fails when one starts to pass, so the list stays true."""
 
+_QWEN_FIXED = (
+    "Measured quantity, the same for every single-GPU Qwen-1 LoRA / Q-LoRA sweep at 256 "
+    "tokens: published minus memplan's peak allocated is 2.0-2.5 GiB (1.8B and 7B, chat and "
+    "'emb' rows alike; 14B 2.4-3.2), i.e. fixed and not proportional to the allocated bytes, "
+    "while memplan adds 0.4 GiB CUDA context + 5 % reserve. Checked and ruled out (session 11, "
+    "issue #11): QwenLM/Qwen holds no profiling script (no max_memory_*, nvidia-smi or pynvml "
+    "call in its scripts at b5fad3d, e8e1596 or 2df8e8a), so the counter stays unknown; "
+    "Qwen-1's QWenAttention registers only masked_bias (scalar) and logn_tensor (32,767 "
+    "floats), no [P, P] causal-mask buffer (modeling_qwen.py, copy in alibaba/MNN@7cad2ee "
+    "transformers/llm/export/llm_models/Qwen-1_8B); finetune.py at e8e1596 (the commit "
+    "that published the 1.8B rows) loads with "
+    "device_map='auto' and no torch_dtype, and QWenLMHeadModel casts itself to bf16 (its "
+    "autoset_precision), so no fp32 copy of the weights; for GPTQ models PEFT's "
+    "prepare_model_for_kbit_training skips the fp32 cast (is_gptq_quantized). Candidates "
+    "left, measurable as nvidia-smi minus torch.cuda.max_memory_allocated after one step on "
+    "the stack of QwenLM/Qwen docker/Dockerfile at e8e1596 (torch 2.0.1, flash-attention "
+    "v2.3.3 plus its csrc/layer_norm extension): the CUDA context with those kernels loaded, "
+    "and the caching allocator's reserve on torch 2.0.")
 _QWEN_LOW = (
     "Qwen-1 LoRA on a chat checkpoint (no DeepSpeed: the Trainer's autocast, torch 2.0 foreach "
     "AdamW, both modelled): the sweep's growth with seq_len matches (1.8B +15.10 vs +14.98 "
     "GiB from 256 to 8192) but a fixed 1.4 GiB stays above the band's nvidia-smi end (7B and "
     "14B: 1.2 GiB at 256 tokens, where torch 2.0's optimizer step is their peak). The 1.8B "
-    "peak is in the backward, so the optimizer's torch 2.0 lists do not reach it. Not "
-    "attributed: the counter is not named; the CUDA context "
-    "of CUDA 11.8 with flash-attn 2 loaded and the allocator's reserve are the candidates "
-    "left, and neither can be measured without the run.")
+    "peak is in the backward, so the optimizer's torch 2.0 lists do not reach it. " + _QWEN_FIXED)
 _QWEN_DS = (
     "Qwen-1 full fine-tuning with DeepSpeed ZeRO-3 on one GPU (finetune_ds.sh, "
     "ds_config_zero3.json): flat 43.5 for seq 256-2048, so model states and DeepSpeed buffers "
@@ -807,8 +822,17 @@ _QWEN_DS = (
     "gathered under stage3_max_live_parameters / max_reuse_distance = 1e9: on one rank a "
     "gathered parameter is a view of its partition (DeepSpeed 0.19.8 partition_parameters.py "
     "_no_gather_coalesced -> NoGatherHandle: ds_tensor.data.to(the same device)), no extra "
-    "bytes. Candidates: what zero.Init and initialize_optimizer_states leave reserved; not "
-    "measured.")
+    "bytes. Which finetune.py ran is not known: the one at e8e1596, which published these "
+    "rows, passes device_map='auto' to from_pretrained for every run, and transformers of "
+    "that time refuses a device_map under ZeRO-3 ('DeepSpeed Zero-3 is not compatible with "
+    "low_cpu_mem_usage=True or with passing a device_map'); Qwen removed it for ZeRO-3 in "
+    "23a01b0 (2024-01-08). Read in DeepSpeed of that time (v0.12.3, 2023-11-10, stage3.py), "
+    "none of these adds to the step's peak: initialize_optimizer_states' fp32 "
+    "gradient_buffer (largest sub_group) is released before the first step, "
+    "_create_fp16_partitions_with_defragmentation moves the partitions through a host "
+    "buffer and empties the cache, and "
+    "the per-gradient norms run before the sub_group loop, below its peak. Candidates: "
+    "what zero.Init and initialize_optimizer_states leave reserved; not measured.")
 _QWEN_INT4 = (
     "Qwen-1 Q-LoRA on a GPTQ-int4 checkpoint (finetune_qlora_single_gpu.sh: fp16 through "
     "DeepSpeed ZeRO-2 on one GPU, so no autocast): the loss runs in fp16 (logits_upcast=none), "
@@ -818,7 +842,7 @@ _QWEN_INT4 = (
     "(+14.2 vs +15.3) match; a fixed 1.7 GiB (1.8B, 7B) to 3.6 GiB (14B) stays at 256 tokens. "
     "Not attributed: the caching allocator's reserve of the 16-bit [S, V] loss blocks (2.3 "
     "GiB each at 8192 for V = 151,936) if the counter is nvidia-smi, and the CUDA context of "
-    "that stack; not measured.")
+    "that stack; not measured. " + _QWEN_FIXED)
 _QWEN_MULTI = (
     "Qwen-1 7B LoRA on 2 nodes x 2 GPUs (finetune_lora_ds.sh, DeepSpeed ZeRO-2, bf16; the "
     "published value is the sum over the 4 GPUs, divided here): it grows by +20.2 GiB per GPU "
