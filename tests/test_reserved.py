@@ -10,7 +10,6 @@ from memplan import Recipe, get_device, load_model
 from memplan.estimate import estimate, rank_totals
 from memplan.estimate.activations import stage_events
 from memplan.estimate.activations.events import record
-from memplan.estimate.activations.families import stage_graph
 from memplan.estimate.activations.graph import simulate
 from memplan.estimate.layout import layout
 from memplan.estimate.reserved import replay_steps, replayed_slack
@@ -21,14 +20,10 @@ MODEL = "Qwen/Qwen2.5-0.5B"
 
 
 def _graph(recipe: Recipe):  # type: ignore[no-untyped-def]
-    from memplan.estimate.activations import _graph_args, accumulates
+    from memplan.estimate.activations import _whole_graph
 
     spec = load_model(MODEL)
-    stage = layout(spec, recipe)[0]
-    ctx, args = _graph_args(spec, stage, recipe, dtypes(recipe))
-    g = stage_graph(spec, stage.layers, ctx, **args)  # type: ignore[arg-type]
-    g.accumulate = accumulates(recipe)
-    return g
+    return _whole_graph(spec, layout(spec, recipe)[0], recipe, dtypes(recipe))
 
 
 @pytest.mark.parametrize("keys", [dict(seq_len=256), dict(seq_len=256, checkpointing="full"),

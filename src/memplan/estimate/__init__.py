@@ -349,15 +349,12 @@ def estimate(model: ModelSpec, recipe: Recipe, device: Device, *,
 
 
 def check_allocator(allocator: str) -> None:
-    from ..errors import ConfigError
+    from ..errors import ConfigError, did_you_mean
 
     if allocator not in ALLOCATORS:
-        import difflib
-
-        close = difflib.get_close_matches(allocator, ALLOCATORS, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ConfigError([f"allocator={allocator!r} is not one of {', '.join(ALLOCATORS)}: "
-                           f"choose how the caching allocator's slack is estimated.{hint}"])
+                           "choose how the caching allocator's slack is estimated."
+                           + did_you_mean(allocator, ALLOCATORS)])
 
 
 def _check_load(load: str) -> None:

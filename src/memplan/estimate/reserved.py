@@ -80,6 +80,7 @@ def replay_steps(events: Sequence[Event], *, keep_grads: bool, state_bytes: int 
     a = Allocator(expandable=expandable)
     grads: list[Block] = []
     sizes = [n for _, n, kind in events if kind == "grad"]
+    total = sum(sizes)
     for step in range(steps):
         live: dict[object, Block] = {}
         for key, nbytes, kind in events:
@@ -93,7 +94,6 @@ def replay_steps(events: Sequence[Event], *, keep_grads: bool, state_bytes: int 
                 a.free(live.pop(key))
         for b in live.values():  # the loss and outputs, dropped when the step's frame ends
             a.free(b)
-        total = sum(sizes)
         if step == 0 and state_bytes and states and total:
             for g in reversed(sizes):  # parameters in forward order: the backward's reverse
                 for _ in range(states):

@@ -22,7 +22,7 @@ from .blocks import Ctx
 from .compose import compose, short_lengths, signatures
 from .families import stage_graph
 from .events import Event, record
-from .graph import Point, simulate
+from .graph import Graph, Point, simulate
 from .policy import host_checkpoint_bytes, policy_of
 from .traffic import Traffic, graph_traffic
 
@@ -154,12 +154,11 @@ def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
     ``memo``: a dict the caller keeps for one ``spec`` (``memplan.plan`` evaluating many
     recipes of one model); results are stored under exactly the arguments the graph is built
     from, so a hit returns what the simulation would (the points are shared: read only)."""
+    if memo is None:
+        g = _whole_graph(spec, stage, recipe, dt)
+        return simulate(g), g.param_grad_bytes
     ctx, args = _graph_args(spec, stage, recipe, dt)
     acc = accumulates(recipe)
-    if memo is None:
-        g = stage_graph(spec, stage.layers, ctx, **args)  # type: ignore[arg-type]
-        g.accumulate = acc
-        return simulate(g), g.param_grad_bytes
     key = _points_key(stage, ctx, args, acc)
     if key not in memo:
         ctx = key[2]
@@ -170,10 +169,16 @@ def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
 def stage_events(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Event]:
     """The allocations and frees of one micro-batch through ``stage``, in order: the graph
     ``stage_points`` simulates, recorded (``events.py``), whole (never composed)."""
+    return record(_whole_graph(spec, stage, recipe, dt))
+
+
+def _whole_graph(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> Graph:
+    """The op graph of one micro-batch through all of ``stage``, with the recipe's gradient
+    accumulation: what ``stage_points`` simulates uncomposed and ``stage_events`` records."""
     ctx, args = _graph_args(spec, stage, recipe, dt)
     g = stage_graph(spec, stage.layers, ctx, **args)  # type: ignore[arg-type]
     g.accumulate = accumulates(recipe)
-    return record(g)
+    return g
 
 
 def points_key(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> tuple[object, ...]:
