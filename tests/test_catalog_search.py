@@ -88,7 +88,7 @@ def test_unknown_hub_id_fails_fast_without_network(monkeypatch) -> None:
     start = time.monotonic()
     with pytest.raises(UnknownModel) as err:
         load_model("someorg/Some-Model-7B")
-    assert time.monotonic() - start < 2.5
+    assert time.monotonic() - start < 10  # not huggingface_hub's ~24 s of retries
     text = str(err.value)
     assert "hf download someorg/Some-Model-7B config.json --local-dir Some-Model-7B" in text
     assert "Some-Model-7B/config.json" in text and "not reachable" in text

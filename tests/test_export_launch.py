@@ -15,7 +15,7 @@ from memplan.recipe import Recipe
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ds_train_cpu.py"
 
 
-@pytest.mark.slow
+@pytest.mark.full
 def test_exported_zero3_config_runs_on_two_cpu_ranks(tmp_path):
     pytest.importorskip("deepspeed", reason="pip install 'memplan[engines]'")
     recipe = Recipe.of(zero=3, gpus=2, micro_batch=2, grad_accum=2)

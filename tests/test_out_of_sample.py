@@ -57,7 +57,7 @@ def test_summary_counts_are_consistent(fresh):
     assert s["peak_outside_5pct"] == s["outside_explained"] + len(UNEXPLAINED)
 
 
-@pytest.mark.slow
+@pytest.mark.full
 def test_first_rows_measure_again_the_same():
     """Re-run two committed rows: the measurement is reproducible (to 0.5 %)."""
     for c in [r for r in ROWS if "error" not in r][:2]:

@@ -62,9 +62,9 @@ def test_trace_timeline_has_layers_steps_and_module_owners():
 def test_trace_of_a_catalog_model_uses_no_real_memory():
     """Qwen2.5-0.5B at 4 x 1024 (about 20 GiB of tensors) traces in a few seconds."""
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU seconds: the wall clock depends on the machine's other jobs
     b = trace("Qwen/Qwen2.5-0.5B", Recipe.of(device="cpu", micro_batch=4, seq_len=1024), CPU)
-    assert time.perf_counter() - t0 < 60
+    assert time.process_time() - t0 < 60
     rank = b.worst
     assert rank.peak_allocated_bytes > 10 * GIB
     assert b.model.params == 494032768  # the catalog's exact count

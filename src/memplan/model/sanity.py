@@ -27,6 +27,9 @@ SIZES: dict[str, tuple[int, int]] = {
     "num_experts_per_tok": (1, 1 << 16),
     "max_position_embeddings": (1, 1 << 40),
 }
+NAMES = ("hidden_act", "hidden_activation")
+"""Keys whose value names a function (``"silu"``, ``"gelu_new"``): transformers looks them up in
+``ACT2FN`` by that string, so anything but a string is a broken config."""
 FIX = "Fix the value in the config.json (compare with the model's published config)."
 
 
@@ -58,6 +61,11 @@ def _collect(data: Mapping[str, Any], where: str, problems: list[str]) -> None:
                             f"{lo:,} to {hi:,}.")
             continue
         sizes[key] = value
+    for key in NAMES:
+        value = data.get(key)
+        if value is not None and not isinstance(value, str):
+            problems.append(f"{where}: {key!r} must name an activation function as a string "
+                            f"(for example \"silu\"), got {value!r}.")
     hidden = sizes.get("hidden_size") or sizes.get("n_embd") or sizes.get("d_model")
     heads = sizes.get("num_attention_heads") or sizes.get("n_head")
     kv = sizes.get("num_key_value_heads")
