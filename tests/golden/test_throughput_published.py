@@ -10,7 +10,8 @@ columns go in the ``extra`` column (``key=value;...`` recipe keys, e.g. the Llam
 interleaved pipeline, ``pp_virtual = 8``). Tolerance: predicted tokens/s per GPU (or model
 TFLOP/s per GPU) within +-35 % of the published figure, fixed before the efficiency model of
 ``timing/kernels.py`` was written. GEMMs are per-shape rooflines at the architecture's measured
-8192-cube efficiency (A100 0.827, H100 0.81) scaled by tile and wave quantisation
+efficiency (A100 0.827 on the 8192 cube; Hopper 0.735, the sustained node MSMF at the power
+limit) scaled by tile and wave quantisation
 (``timing/gemm.py``), attention runs at the FlashAttention papers' fraction of peak,
 memory-bound kernels move the op graph's bytes (eager or fused, by the row's engine and
 compile columns; PyTorch ring attention's fp32 merges under torchtitan CP), kernel launches and

@@ -10,12 +10,15 @@ NVIDIA, "Matrix Multiplication Background User's Guide" (DU-09799-001_v001, Feb 
   ``ceil(T / SMs)`` waves and the last one is partly idle: share ``T / (ceil(T / SMs) SMs)``.
   The guide's example: 256 x 128 tiles on an A100's 108 SMs.
 
-``gemm_efficiency = base x q(M, N) / q(ref, ref)``: ``base`` is the measured fraction of the
-dense peak of an 8192-cube GEMM on the GPU's architecture (``rates.toml``
-``matmul_efficiency_<arch>``, else the H100 ``matmul_efficiency``) and ``q`` the product of both
-shares for the best of the guide's cuBLAS tiles (``TILES``, §2.3: 256 x 128 and 128 x 256 down
-to 64 x 64; cuBLAS's heuristics pick the tile per shape), so the measured shape gets exactly the
-measured figure. GPUs without an SM count in the catalog get ``base``.
+``gemm_efficiency = base x q(M, N)``: ``q`` is the product of both shares for the best of the
+guide's cuBLAS tiles (``TILES``, §2.3: 256 x 128 and 128 x 256 down to 64 x 64; cuBLAS's
+heuristics pick the tile per shape) and ``base`` (``base_matmul_efficiency``) the measured
+fraction of the dense peak on the GPU's architecture (``rates.toml``
+``matmul_efficiency_<arch>``, else the H100 ``matmul_efficiency``) divided by the measured
+shape's own ``q``, so the measured shape gets exactly the measured figure. The measured shape is
+the 8192 cube (``matmul_reference_size``) unless the architecture states its own share
+(``matmul_reference_quantization_<arch>``: Hopper's sustained figure comes from a whole-wave
+shape search, share 1). GPUs without an SM count in the catalog get the measured fraction.
 
 **Known limitations**: every tile is taken at the large tile's per-tile efficiency (the guide
 ranks smaller tiles less efficient but gives no factor), so small GEMMs are optimistic; split-K
@@ -31,15 +34,37 @@ import math
 from ..facts.constants import constant, constants
 from ..hardware import Device
 
-__all__ = ["base_matmul_efficiency", "gemm_efficiency", "quantization"]
+__all__ = ["base_matmul_efficiency", "gemm_efficiency", "measured_matmul_efficiency",
+           "quantization", "reference_quantization"]
 
 
-def base_matmul_efficiency(device: Device) -> float:
+def measured_matmul_efficiency(device: Device) -> float:
     """The measured large-GEMM fraction of peak for ``device``'s architecture
     (``matmul_efficiency_<arch>``), else the H100 measurement (``matmul_efficiency``)."""
     rows = constants()
     key = f"matmul_efficiency_{device.arch}"
     return rows[key].value if key in rows else constant("matmul_efficiency")
+
+
+def reference_quantization(device: Device) -> float:
+    """Tile x wave share of the shape the architecture's efficiency was measured at: the
+    architecture's stated share (``matmul_reference_quantization_<arch>``), else the 8192
+    cube's on the device's SMs (1 without an SM count)."""
+    rows = constants()
+    key = f"matmul_reference_quantization_{device.arch}"
+    if key in rows and f"matmul_efficiency_{device.arch}" in rows:
+        return rows[key].value
+    if not device.sm_count:
+        return 1.0
+    ref = constant("matmul_reference_size")
+    return quantization(ref, ref, device.sm_count)
+
+
+def base_matmul_efficiency(device: Device) -> float:
+    """Fraction of peak a whole-wave tile grid reaches on ``device``: the measured fraction over
+    its shape's quantisation (``gemm_efficiency`` multiplies a shape's own quantisation back
+    in); the measured fraction itself when the SM count is unknown."""
+    return measured_matmul_efficiency(device) / reference_quantization(device)
 
 
 TILES = ((256, 128), (128, 256), (128, 128), (256, 64), (64, 256), (128, 64), (64, 128),
@@ -61,11 +86,10 @@ def quantization(m: float, n: float, sms: int) -> float:
 
 
 def gemm_efficiency(base: float, m: float, n: float, sms: int | None) -> float:
-    """``base`` scaled by the ``m x n`` output's quantisation relative to the measured square
-    GEMM's (``matmul_reference_size``); ``base`` itself when the SM count is unknown. Capped at
-    1: no GEMM runs above the peak (a user catalog's odd SM count could make the reference
-    shape quantise badly and the ratio large)."""
+    """``base`` (a whole-wave grid's fraction, ``base_matmul_efficiency``) times the ``m x n``
+    output's quantisation; ``base`` itself when the SM count is unknown. Capped at 1: no GEMM
+    runs above the peak (a user catalog's odd SM count could make the reference shape quantise
+    badly and ``base`` large)."""
     if not sms:
         return base
-    ref = constant("matmul_reference_size")
-    return min(1.0, base * quantization(m, n, sms) / quantization(ref, ref, sms))
+    return min(1.0, base * quantization(m, n, sms))

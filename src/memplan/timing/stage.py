@@ -63,7 +63,8 @@ class Rates:
     attention_peak: float
     """16-bit FLOP/s the attention kernels' efficiencies refer to."""
     matmul_efficiency: float
-    """Fraction of ``linear_peak`` a large GEMM reaches (the measured 8192-cube figure)."""
+    """Fraction of ``linear_peak`` a whole-wave tile grid reaches (``gemm.base_matmul_efficiency``),
+    or the calibrated / user-set figure."""
     gemm_sms: int | None
     """SMs for each GEMM shape's tile and wave quantisation (``gemm.py``); None where the
     efficiency was calibrated or set by the user (it already holds the real shapes)."""

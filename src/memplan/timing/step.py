@@ -313,9 +313,11 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
         notes.append("not timed (unknown): " + ", ".join(unknown) + "; give --node or --pcie")
     assumptions = (
         f"GEMMs: roofline of each linear layer's shape at {eff:.0%} of the dense {key} peak "
-        "(an 8192-cube GEMM measured on the architecture, rates.toml)"
-        + (", scaled by the shape's tile and wave quantisation (NVIDIA's Matrix Multiplication "
-           "Background guide)" if rates.gemm_sms else "") + "; attention at the FlashAttention papers' "
+        + ("(a whole-wave tile grid: the architecture's measured GEMM rate over its shape's "
+           "quantisation, rates.toml), scaled by the shape's tile and wave quantisation (NVIDIA's "
+           "Matrix Multiplication Background guide)" if rates.gemm_sms else
+           "(measured, calibrated or set; applied to every shape as given)")
+        + "; attention at the FlashAttention papers' "
         "fraction of the 16-bit peak (fp8 only on linear layers)",
         "compute and memory-bound kernels serial; memory-bound bytes "
         + ("of fused elementwise chains" if fused else "op by op (eager)")
