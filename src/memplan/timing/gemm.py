@@ -21,7 +21,7 @@ measured figure. GPUs without an SM count in the catalog get ``base``.
 board's power limit, not its boost clock. Two boards with the same GH100 SM measured with one
 torch script at 8192^2 (``rates.toml`` ``matmul_power_hopper_*``): the 700 W, 132-SM SXM
 sustains 6.04 TFLOP/s per SM (5.30 W per SM), the 350 W, 114-SM PCIe card 4.32 (3.07 W per
-SM; 0.65 of its datasheet peak against the SXM's 0.81). The rate per SM at the board's
+SM; 0.65 of its datasheet peak against the SXM's 0.806). The rate per SM at the board's
 ``power_w / sm_count`` is the straight line through the two; since throughput rises ever more
 slowly with power (dynamic power ~ f V^2), the chord lies below the true curve between the
 points: it errs slow, not fast. The share is that rate over the clock-bound one (``base`` x the
