@@ -87,6 +87,26 @@ def test_user_rows_are_checked_like_builtin_rows_and_all_problems_reported(tmp_p
     assert "X" not in devices()
 
 
+def test_power_limit_key_caps_a_user_gpu_and_is_type_checked(tmp_path) -> None:
+    """A capped cluster is a catalog row with ``power_limit_w`` (torchtitan's 500 W H100s):
+    it slows the GEMMs (``timing/gemm.py``); a string or a negative value is refused."""
+    from memplan.timing.gemm import base_matmul_efficiency
+
+    row = ('[[device]]\nname = "Capped-H100"\nvendor = "nvidia"\narch = "hopper"\n'
+           'memory_gb = 96\ntflops_bf16 = 989.4\nsm_count = 132\ntdp_w = 700\n'
+           'power_limit_w = {}\nsource = "our lab"\n')
+    path = tmp_path / "cap.toml"
+    path.write_text(row.format(500))
+    load_hardware_file(path)
+    capped = get_device("Capped-H100")
+    assert capped.power_w == 500
+    assert base_matmul_efficiency(capped) < base_matmul_efficiency(get_device("H100-80GB"))
+    for bad in ('"500"', "-5"):
+        path.write_text(row.format(bad).replace("Capped-H100", "Bad-H100"))
+        with pytest.raises(ConfigError, match="power_limit_w"):
+            load_hardware_file(path)
+
+
 def test_node_naming_an_unknown_gpu_is_rejected(tmp_path) -> None:
     path = tmp_path / "n.toml"
     path.write_text('[[node]]\nname = "n"\ngpu = "H100-81GB"\ngpus = "8"\nsource = "s"\n')

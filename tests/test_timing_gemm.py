@@ -4,14 +4,15 @@ quantisation, normalised so the measured shape keeps its measured efficiency."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from memplan.hardware import get_device
 from memplan.timing.gemm import (TILES, base_matmul_efficiency, gemm_efficiency,
-                                 measured_matmul_efficiency, quantization,
-                                 reference_quantization)
-from memplan.timing.kernels import gemm_seconds
+                                 measured_matmul_efficiency, power_limited_share,
+                                 quantization, reference_quantization)
+from memplan.timing.kernels import attention_efficiency, gemm_seconds
 
 
 def _one_tile(m, n, sms, tm, tn):
@@ -83,11 +84,35 @@ def test_small_gemm_loses_to_waves_and_the_time_shows_it():
 
 
 @pytest.mark.parametrize(("gpu", "expected"), [("A100-80GB", 0.827), ("H100-80GB", 0.735),
-                                               ("H200-141GB", 0.735), ("B200-180GB", 0.81)])
+                                               ("H200-141GB", 0.735), ("B200-180GB", 0.806)])
 def test_measured_efficiency_by_architecture(gpu, expected):
     """Ampere has its own measurement (A100, 258 of 312 TFLOP/s), Hopper its sustained one
-    (727 of 989); others use the H100 8192-cube burst figure (797.5 of 989)."""
+    (727 of 989); others use the H100 8192-cube burst figure (797.51 of 989.4)."""
     assert measured_matmul_efficiency(get_device(gpu)) == pytest.approx(expected)
+    assert power_limited_share(get_device("H100-80GB")) == 1.0  # 700 W: the line is above 727
+
+
+def test_power_line_gives_back_the_pcie_measurement():
+    """The 350 W, 114-SM H100 PCIe is the line's other point: 492.84 TFLOP/s at 8192^2
+    (zzc0721/torch-performance-test-data#95), 0.65 of its 756 datasheet peak."""
+    d = get_device("H100-PCIe-80GB")
+    assert base_matmul_efficiency(d) * 756 == pytest.approx(492.84, rel=1e-3)
+
+
+def test_power_limit_below_tdp_slows_hopper_gemms_and_attention():
+    """torchtitan's Grand Teton H100s run at 500 W (3.79 W per SM): between the two measured
+    boards, so between their per-SM rates; attention loses the same share; above the TDP
+    nothing is gained (share capped at 1)."""
+    sxm = get_device("H100-80GB")
+    capped = replace(sxm, power_limit_w=500)
+    rate = base_matmul_efficiency(capped) * 989.4 / 132
+    assert 4.323 < rate < 6.042
+    assert power_limited_share(capped) == pytest.approx(rate / (0.735 * 989.4 / 132))
+    full = attention_efficiency(sxm, "flash", 0.81)[0]
+    assert attention_efficiency(capped, "flash", 0.81)[0] == pytest.approx(
+        full * power_limited_share(capped))
+    assert power_limited_share(replace(sxm, power_limit_w=1000)) == 1.0
+    assert power_limited_share(get_device("A100-80GB")) == 1.0   # no Ampere measurement
 
 
 def test_catalog_sm_counts():

@@ -11,16 +11,18 @@ interleaved pipeline, ``pp_virtual = 8``). Tolerance: predicted tokens/s per GPU
 TFLOP/s per GPU) within +-35 % of the published figure, fixed before the efficiency model of
 ``timing/kernels.py`` was written. GEMMs are per-shape rooflines at the architecture's measured
 efficiency (A100 0.827 on the 8192 cube; Hopper 0.735, the sustained node MSMF at the power
-limit) scaled by tile and wave quantisation
+limit, lowered further below about 600 W by the per-SM power line) scaled by tile and wave
+quantisation
 (``timing/gemm.py``), attention runs at the FlashAttention papers' fraction of peak,
 memory-bound kernels move the op graph's bytes (eager or fused, by the row's engine and
 compile columns; PyTorch ring attention's fp32 merges under torchtitan CP), kernel launches and
 the engine's DP overlap rule are charged; fp8 linears run at torchao's measured Float8Linear
 speedup over bf16 (1.39x), and torchtitan's "selective op" AC is ``checkpointing = op``;
 kernels beside overlapped collectives run 18.9 % slower (Lee et al. 2025) and each pipeline
-stage is timed with its own layers. There is no power-cap clock model (no published BF16
-figure at 500 W), so the model over-predicts the torchtitan H100 rows. Nothing here was fitted
-to these rows.
+stage is timed with its own layers. Hopper boards below about 5.3 W per SM sustain less per SM
+(``timing/gemm.py``: the line through the measured 700 W SXM and 350 W PCIe matmul rates), and
+the torchtitan Grand Teton rows carry their stated 500 W limit (``power_limit_w``). Nothing
+here was fitted to these rows.
 
 A row with an ``xfail`` diagnosis is a strict xfail: it must keep missing until the cause it
 names is modelled. The band every prediction prints (``timing/accuracy.toml``) must be the one

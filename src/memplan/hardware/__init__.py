@@ -43,6 +43,12 @@ class Device:
     compute_capability: str = ""
     sm_count: int | None = None
     """Streaming multiprocessors (the GEMM's wave size, ``timing/gemm.py``); None = unknown."""
+    tdp_w: float | None = None
+    """The board's rated power (TDP), W; None = unknown."""
+    power_limit_w: float | None = None
+    """The power limit the GPUs run at (``nvidia-smi -pl``), W, where it is below the TDP (e.g.
+    torchtitan's Grand Teton H100s at 500 W); None = the TDP. ``timing/gemm.py`` sustains
+    less GEMM throughput per SM below about 5.3 W per SM (``power_limited_share``)."""
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
@@ -56,6 +62,11 @@ class Device:
         if self.memory_total_mib:
             return self.memory_total_mib * MIB
         return int(self.memory_gb * GB)
+
+    @property
+    def power_w(self) -> float | None:
+        """The power the board may draw: the set limit, else the TDP; None = unknown."""
+        return self.power_limit_w or self.tdp_w
 
     @property
     def hopper_or_newer(self) -> bool:
@@ -87,7 +98,7 @@ _DEVICE_KEYS = {
     "memory_total_mib": int, "memory_torch_mib": int, "memory_total_source": str,
     "hbm_gb_per_s": (int, float), "interconnect": str, "interconnect_gb_per_s": (int, float),
     "pcie_gen": int, "pcie_lanes": int, "tdp_w": (int, float), "compute_capability": (str, float),
-    "sm_count": int,
+    "sm_count": int, "power_limit_w": (int, float),
     "aliases": list, "source": str, "notes": str,
 }
 """Every key a ``[[device]]`` row may have, with its TOML type; ``tflops_<dtype>`` keys are
@@ -138,6 +149,7 @@ def _row(d: dict[str, Any]) -> Device:
         tflops=tflops, interconnect=d.get("interconnect", ""),
         interconnect_gb_per_s=d.get("interconnect_gb_per_s"), pcie_gen=d.get("pcie_gen"),
         compute_capability=str(d.get("compute_capability", "")), sm_count=d.get("sm_count"),
+        tdp_w=d.get("tdp_w"), power_limit_w=d.get("power_limit_w"),
         aliases=tuple(d.get("aliases", ())), source=d.get("source", ""), notes=d.get("notes", ""),
     )
 

@@ -20,6 +20,18 @@ the 8192 cube (``matmul_reference_size``) unless the architecture states its own
 (``matmul_reference_quantization_<arch>``: Hopper's sustained figure comes from a whole-wave
 shape search, share 1). GPUs without an SM count in the catalog get the measured fraction.
 
+**Power limit** (``power_limited_share``): a dense GEMM on a Hopper board is held by the
+board's power limit, not its boost clock. Two boards with the same GH100 SM measured with one
+torch script at 8192^2 (``rates.toml`` ``matmul_power_hopper_*``): the 700 W, 132-SM SXM
+sustains 6.04 TFLOP/s per SM (5.30 W per SM), the 350 W, 114-SM PCIe card 4.32 (3.07 W per
+SM; 0.65 of its datasheet peak against the SXM's 0.806). The rate per SM at the board's
+``power_w / sm_count`` is the straight line through the two; since throughput rises ever more
+slowly with power (dynamic power ~ f V^2), the chord lies below the true curve between the
+points: it errs slow, not fast. The share is that rate over the clock-bound one (``base`` x the
+peak per SM), at most 1; it scales the GEMMs (``base_matmul_efficiency``) and the attention
+kernels (``kernels.attention_efficiency``) alike. Other architectures (no two-board
+measurement) and devices without an SM count or power figure get 1.
+
 **Known limitations**: every tile is taken at the large tile's per-tile efficiency (the guide
 ranks smaller tiles less efficient but gives no factor), so small GEMMs are optimistic; split-K
 and Hopper's stream-K scheduling (which soften wave quantisation further) are not modelled, so
@@ -35,15 +47,49 @@ from ..facts.constants import constant, constants
 from ..hardware import Device
 
 __all__ = ["base_matmul_efficiency", "gemm_efficiency", "measured_matmul_efficiency",
-           "quantization", "reference_quantization"]
+           "power_limited_share", "quantization", "reference_quantization"]
 
 
-def measured_matmul_efficiency(device: Device) -> float:
-    """The measured large-GEMM fraction of peak for ``device``'s architecture
-    (``matmul_efficiency_<arch>``), else the H100 measurement (``matmul_efficiency``)."""
+def _arch_efficiency(device: Device) -> float:
+    """The architecture's measured large-GEMM fraction of peak at its full power
+    (``matmul_efficiency_<arch>``, else the H100 measurement ``matmul_efficiency``)."""
     rows = constants()
     key = f"matmul_efficiency_{device.arch}"
     return rows[key].value if key in rows else constant("matmul_efficiency")
+
+
+def measured_matmul_efficiency(device: Device) -> float:
+    """The architecture's measured fraction (``_arch_efficiency``) times the board's
+    power-limited share (``power_limited_share``). For Hopper the two are separate measurements:
+    the 700 W node's sustained 727 TFLOP/s (``matmul_efficiency_hopper``) and the per-SM power
+    line through two boards' 8192^2 rates; the share takes the line's rate where it is the
+    lower one (a board below about 600 W), so the rate is the lower of the two bounds."""
+    return _arch_efficiency(device) * power_limited_share(device)
+
+
+def sustained_tflops_per_sm(arch: str, watts_per_sm: float) -> float | None:
+    """Dense 16-bit GEMM TFLOP/s one SM sustains at ``watts_per_sm`` of board power: the line
+    through the two measured boards of ``arch`` (module docstring); None = no measurement."""
+    rows = constants()
+    key = f"matmul_power_{arch}"
+    if f"{key}_high_w_per_sm" not in rows:
+        return None
+    w_hi, t_hi = rows[f"{key}_high_w_per_sm"].value, rows[f"{key}_high_tflops_per_sm"].value
+    w_lo, t_lo = rows[f"{key}_low_w_per_sm"].value, rows[f"{key}_low_tflops_per_sm"].value
+    return max(0.0, t_lo + (watts_per_sm - w_lo) * (t_hi - t_lo) / (w_hi - w_lo))
+
+
+def power_limited_share(device: Device) -> float:
+    """Share of the clock-bound GEMM rate (``matmul_efficiency`` x the 16-bit peak per SM) that
+    ``device``'s power limit sustains, at most 1 (module docstring); 1 when the catalog lacks
+    the SM count, the power or the 16-bit peak, or the architecture has no measurement."""
+    peak = (device.tflops or {}).get("bf16") or (device.tflops or {}).get("fp16")
+    if not (device.sm_count and device.power_w and peak):
+        return 1.0
+    rate = sustained_tflops_per_sm(device.arch, device.power_w / device.sm_count)
+    if rate is None:
+        return 1.0
+    return min(1.0, rate / (_arch_efficiency(device) * peak / device.sm_count))
 
 
 def reference_quantization(device: Device) -> float:

@@ -37,7 +37,7 @@ from ..model.spec import Component, Layer, ModelSpec, Split
 from ..recipe import Recipe
 from ..recipe.parallelism import Parallelism
 from .flops import _causal_share, attention_core_flops, frozen_weight_grads
-from .gemm import gemm_efficiency
+from .gemm import gemm_efficiency, power_limited_share
 from .recompute import attention_recomputed, recompute_inputs, recompute_matmul_share
 
 __all__ = ["KernelTime", "attention_efficiency", "gemm_seconds", "kernel_seconds",
@@ -76,13 +76,17 @@ def gemm_seconds(m: float, k: float, n: float, *, peak_flops: float, matmul_effi
 def attention_efficiency(device: Device, attention: str, matmul_efficiency: float
                          ) -> tuple[float, float, str | None]:
     """(forward, backward) fraction of the 16-bit peak the attention kernel reaches on
-    ``device``, and a note when no published figure exists for its architecture."""
+    ``device``, and a note when no published figure exists for its architecture. The
+    FlashAttention papers' fractions were measured at the boards' full power: below it they
+    shrink by the board's power-limited share, as the GEMMs' do (``gemm.power_limited_share``;
+    ``matmul_efficiency`` already carries it)."""
     if attention == "eager":
         return matmul_efficiency, matmul_efficiency, None
     rows = constants()
     key = f"attention_efficiency_{device.arch}_fa2"
     if f"{key}_fwd" in rows:
-        return rows[f"{key}_fwd"].value, rows[f"{key}_bwd"].value, None
+        share = power_limited_share(device)
+        return rows[f"{key}_fwd"].value * share, rows[f"{key}_bwd"].value * share, None
     return (matmul_efficiency, matmul_efficiency,
             f"no published FlashAttention benchmark for {device.arch} GPUs: attention timed at "
             f"the GEMM efficiency {matmul_efficiency:.0%} (optimistic)")

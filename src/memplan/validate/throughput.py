@@ -76,6 +76,8 @@ def _predict(row: dict[str, str]) -> float:
              if row.get(f"peak_{k}_tflops")}
     if peaks:   # the publication's own statement of its GPUs' peak (row notes)
         d = replace(d, tflops={**(d.tflops or {}), **peaks})
+    if row.get("power_limit_w"):   # the publication's stated power limit (row notes)
+        d = replace(d, power_limit_w=float(row["power_limit_w"]))
     m = load_model(row["model_id"])
     hw = node_hardware(get_device(row["gpu"]), 8, get_node(row["node"]))
     t = with_host_and_time(estimate(m, r, d), m, r, d, hw, HostSetup()).time
