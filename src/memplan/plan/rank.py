@@ -4,6 +4,7 @@ speed, and for each rejected family why it was rejected and the nearest change t
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from operator import ne
 from typing import Any
 
 from .evaluate import Evaluated
@@ -44,7 +45,8 @@ def pareto(rows: list[Evaluated]) -> list[Evaluated]:
 
 
 def _distance(a: tuple[Any, ...], b: tuple[Any, ...]) -> int:
-    return sum(1 for x, y in zip(a, b) if x != y)
+    """Keys in which ``a`` and ``b`` differ."""
+    return sum(map(ne, a, b))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
