@@ -215,9 +215,18 @@ def _recipe_args(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
 
 def _points_key(stage: Stage, ctx: Ctx, args: dict[str, object],
                 acc: bool) -> tuple[object, ...]:
-    if not args["last"]:
-        ctx = replace(ctx, loss="standard")  # read by the last stage's loss only (families.py)
-    return ("stage_points", stage.layers, ctx, acc, *args.values())
+    return ("stage_points", stage.layers, _stage_ctx(ctx, args), acc, *args.values())
+
+
+def _stage_ctx(ctx: Ctx, args: dict[str, object]) -> Ctx:
+    """``ctx`` with the fields only the last stage's head and loss read (``families.py``
+    ``_eager_graph`` under ``last``: the loss kind, the logits' upcasts, the embeddings its
+    forward holds; ``blocks.causal_lm_loss``) at their defaults on any other stage: the graph
+    of a non-last stage is the same whatever they are, so its memo keys share them."""
+    if args["last"]:
+        return ctx
+    return replace(ctx, loss="standard", upcast_in_model=False, upcast_in_loss=True,
+                   embeds_held=False)
 
 
 def graph_attention(spec: ModelSpec, attention: str) -> str:
@@ -252,8 +261,11 @@ def stage_traffic(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
     (``traffic.py``), from the graph ``stage_points`` simulates. A stage of identical layers is
     read off a two-layer graph: its ops are the same for every layer, so the second layer's
     traffic stands for each of the middle ones. ``memo``: as for ``stage_points``."""
-    ctx, args = (_recipe_args(spec, stage, recipe, dt, memo)[:2] if memo is not None
-                 else _graph_args(spec, stage, recipe, dt))
+    if memo is not None:  # the key of a non-last stage without the head's fields
+        ctx, args, pkey = _recipe_args(spec, stage, recipe, dt, memo)
+        ctx = pkey[2]  # type: ignore[assignment]
+    else:
+        ctx, args = _graph_args(spec, stage, recipe, dt)
     layers = stage.layers
     sigs = signatures(spec, memo if memo is not None else {})
     short = (args["train_from"] is None and len(layers) > 2
