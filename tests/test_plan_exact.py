@@ -101,3 +101,31 @@ def test_rank_totals_equal_the_estimates_ranks(model: str) -> None:
         assert rank_totals(spec, r, device, load=load) == want, keys
         seen += 1
     assert seen >= 15
+
+
+def test_peak_allocated_is_the_largest_moment_on_random_lines() -> None:
+    """``timeline.peak_allocated`` (one pass over the lines) equals the largest moment that
+    ``moments`` builds, on random lines: lazy, growing (none, one, several), outside the
+    allocated pool, in some phases only, and stepping lines (the optimizer in backward)."""
+    from memplan.breakdown import ALL_PHASES, Category, Item, Phase, Pool
+    from memplan.estimate.lines import Line
+    from memplan.estimate.timeline import Instant, moments, peak_allocated
+
+    rng = random.Random(11)
+    for _ in range(400):
+        lines = []
+        for j in range(rng.randint(0, 8)):
+            phases = tuple(p for p in ALL_PHASES if rng.random() < 0.7) or ALL_PHASES
+            lines.append(Line(Item(category=Category.GRADIENTS, name=f"l{j}",
+                                   bytes=rng.randint(0, 10**6),
+                                   pool=rng.choice([Pool.ALLOCATED] * 4 + [Pool.HOST])),
+                              phases, lazy=rng.random() < 0.3, grows=rng.random() < 0.4,
+                              stepping=rng.choice(["", "", "", "during", "after"])
+                              if rng.random() < 0.2 else ""))
+        instants = [Instant(rng.choice(ALL_PHASES[:2]) if rng.random() < 0.9 else Phase.OPTIMIZER,
+                            f"i{k}", (Item(category=Category.ACTIVATIONS, name="a",
+                                           bytes=rng.randint(0, 10**6)),),
+                            progress=rng.choice([0.0, 0.25, 0.5, 1.0, rng.random()]))
+                    for k in range(rng.randint(0, 6))]
+        want = max(m.allocated_bytes for m in moments(lines, instants))
+        assert peak_allocated(lines, instants) == want

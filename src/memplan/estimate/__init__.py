@@ -63,9 +63,10 @@ def trainable_params(model: ModelSpec, recipe: Recipe,
         return _count_trainable(model, recipe, None)
     key = ("trainable", recipe.precision, recipe.optimizer, recipe.method, recipe.batch,
            recipe.loss, recipe.platform, recipe.loop)
-    if key not in memo:
-        memo[key] = _count_trainable(model, recipe, memo)
-    return memo[key]  # type: ignore[return-value]
+    got = memo.get(key)
+    if got is None:
+        got = memo[key] = _count_trainable(model, recipe, memo)
+    return got  # type: ignore[return-value]
 
 
 def _count_trainable(model: ModelSpec, recipe: Recipe, memo: dict[object, object] | None) -> int:
@@ -107,9 +108,10 @@ def _states(stage: Stage, recipe: Recipe, dt: Dtypes,
     key = ("model_state_items", stage.index, recipe.batch.grad_accum > 1, recipe.parallelism,
            recipe.offload, recipe.method, recipe.engine, recipe.precision, recipe.optimizer,
            recipe.loop)
-    if key not in memo:
-        memo[key] = model_state_items(stage, recipe, dt)
-    return list(memo[key])  # type: ignore[call-overload]
+    got = memo.get(key)
+    if got is None:
+        got = memo[key] = model_state_items(stage, recipe, dt)
+    return list(got)  # type: ignore[call-overload]
 
 
 def _step_lines(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
@@ -137,11 +139,13 @@ def _instants(model: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
     if memo is None:
         return _instants_of(*stage_points(model, stage, recipe, dt), inflight,
                             par.pp_virtual > 1)
-    key = ("instants", points_key(model, stage, recipe, dt), inflight, par.pp_virtual > 1)
-    if key not in memo:
-        memo[key] = _instants_of(*stage_points(model, stage, recipe, dt, memo), inflight,
-                                 par.pp_virtual > 1)
-    return memo[key]  # type: ignore[return-value]
+    key = ("instants", points_key(model, stage, recipe, dt, memo), inflight,
+           par.pp_virtual > 1)
+    got = memo.get(key)
+    if got is None:
+        got = memo[key] = _instants_of(*stage_points(model, stage, recipe, dt, memo), inflight,
+                                       par.pp_virtual > 1)
+    return got  # type: ignore[return-value]
 
 
 def _instants_of(points: list[Point], grad_total: int, inflight: float,

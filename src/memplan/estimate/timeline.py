@@ -66,31 +66,78 @@ def _static(lines: Iterable[Line], step: Step, phase: Phase,
 def peak_allocated(lines: Sequence[Line], instants: Sequence[Instant] = ()) -> int:
     """``max(m.allocated_bytes for m in moments(lines, instants))`` without building the
     moments: per (step, phase) the live lines' bytes, with a growing line at
-    ``round(bytes x progress)`` as ``_static`` writes it, plus each instant's own bytes."""
+    ``round(bytes x progress)`` as ``_static`` writes it, plus each instant's own bytes. The
+    live lines' bytes of every (step, phase) are summed in one pass over the lines (integers:
+    the same sums as ``_live`` filtered per phase); the optimizer in backward (``stepping``
+    lines) takes ``_peak_stepping``."""
     by_phase: dict[Phase, list[Instant]] = {p: [] for p in ALL_PHASES}
     for inst in instants:
         by_phase.setdefault(inst.phase, []).append(inst)
+    sums = {Step.FIRST: dict.fromkeys(ALL_PHASES, 0), Step.STEADY: dict.fromkeys(ALL_PHASES, 0)}
+    first, steady = sums[Step.FIRST], sums[Step.STEADY]
+    growing: dict[Step, list[int]] = {Step.FIRST: [], Step.STEADY: []}
+    bwd, opt, allocated = Phase.BACKWARD, Phase.OPTIMIZER, Pool.ALLOCATED
+    for ln in lines:
+        item = ln.item
+        if item.pool != allocated:
+            continue
+        if ln.stepping and bwd in ln.phases:
+            return _peak_stepping(lines, by_phase)
+        b = item.bytes
+        for ph in ln.phases:
+            if ph not in steady:
+                continue
+            steady[ph] += b
+            in_first = not (ln.lazy and ph != opt)
+            if in_first:
+                first[ph] += b
+            if ln.grows and ph == bwd:
+                growing[Step.STEADY].append(b)
+                if in_first:
+                    growing[Step.FIRST].append(b)
+    totals = []
+    for step in (Step.FIRST, Step.STEADY):
+        for phase in ALL_PHASES:
+            mine = by_phase[phase]
+            whole = sums[step][phase]
+            grow = growing[step] if phase == bwd else []
+            fixed = whole - sum(grow)
+            if not mine:
+                totals.append(whole)
+            elif len(grow) == 1:  # the usual case, without the inner sum
+                g = grow[0]
+                totals.append(max([(fixed + round(g * i.progress) if i.progress < 1.0
+                                    else whole) + i.items_bytes for i in mine]))
+            elif grow:
+                for inst in mine:
+                    p = inst.progress
+                    totals.append((fixed + sum([round(b * p) for b in grow]) if p < 1.0
+                                   else whole) + inst.items_bytes)
+            else:
+                totals.append(whole + max([inst.items_bytes for inst in mine]))
+    return max(totals)
+
+
+def _peak_stepping(lines: Sequence[Line], by_phase: dict[Phase, list[Instant]]) -> int:
+    """``peak_allocated`` under the optimizer in backward: which lines live varies from one
+    backward instant to the next (``_static`` per instant)."""
     totals = []
     for step in (Step.FIRST, Step.STEADY):
         for phase in ALL_PHASES:
             live = _live(lines, step, phase)
             mine = by_phase[phase]
             if any(ln.stepping for ln in live) and phase == Phase.BACKWARD:
-                for inst in mine:  # the optimizer in backward: which lines live varies
+                for inst in mine:
                     items = _static(live, step, phase, inst.progress, inst is mine[-1])
                     totals.append(sum(i.bytes for i in items) + inst.items_bytes)
                 if not mine:
                     totals.append(sum(i.bytes for i in _static(live, step, phase)))
                 continue
             growing = [ln.item.bytes for ln in live if ln.grows and phase == Phase.BACKWARD]
-            fixed = sum(ln.item.bytes for ln in live) - sum(growing)
-            whole = fixed + sum(growing)
+            whole = sum(ln.item.bytes for ln in live)
+            fixed = whole - sum(growing)
             if not mine:
                 totals.append(whole)
-            elif len(growing) == 1:  # the usual case, without the inner sum
-                g = growing[0]
-                totals.append(max([(fixed + round(g * i.progress) if i.progress < 1.0
-                                    else whole) + i.items_bytes for i in mine]))
             elif growing:
                 for inst in mine:
                     p = inst.progress

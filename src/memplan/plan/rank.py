@@ -4,6 +4,7 @@ speed, and for each rejected family why it was rejected and the nearest change t
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from operator import ne
 from typing import Any
 
 from .evaluate import Evaluated
@@ -43,13 +44,9 @@ def pareto(rows: list[Evaluated]) -> list[Evaluated]:
     return front
 
 
-def _searched(e: Evaluated) -> tuple[Any, ...]:
-    d = e.recipe.to_dict()
-    return tuple(d[k] for k in SEARCHED)
-
-
 def _distance(a: tuple[Any, ...], b: tuple[Any, ...]) -> int:
-    return sum(1 for x, y in zip(a, b) if x != y)
+    """Keys in which ``a`` and ``b`` differ."""
+    return sum(map(ne, a, b))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,8 +85,11 @@ def rejected_families(rows: list[Evaluated], explain: int = 50) -> list[Rejected
     fitting change is searched for the first ``explain`` of them (it compares with every
     fitting candidate)."""
     fams: dict[tuple[Any, ...], list[Evaluated]] = {}
+    searched: dict[int, tuple[Any, ...]] = {}  # id(row) -> its SEARCHED values (one to_dict a row)
     for e in rows:
-        fams.setdefault(family_of(e), []).append(e)
+        d = e.recipe.to_dict()
+        fams.setdefault(tuple(d[k] for k in FAMILY_KEYS), []).append(e)
+        searched[id(e)] = tuple(d[k] for k in SEARCHED)
     out = []
     for key, members in fams.items():
         if any(e.fits for e in members):
@@ -98,11 +98,11 @@ def rejected_families(rows: list[Evaluated], explain: int = 50) -> list[Rejected
         out.append(Rejected(family=dict(zip(FAMILY_KEYS, key)), closest=closest,
                             nearest_fit=None, candidates=len(members)))
     out.sort(key=lambda r: sum(n for _, n in r.closest.overflows()))
-    fitting = [(f, _searched(f)) for f in ranked(rows)]
+    fitting = [(f, searched[id(f)]) for f in ranked(rows)]
     if not fitting:
         return out
     for i, r in enumerate(out[:explain]):
-        d = _searched(r.closest)
+        d = searched[id(r.closest)]
         near = min(fitting, key=lambda fd: (_distance(d, fd[1]), -_speed(fd[0])))[0]
         out[i] = replace(r, nearest_fit=near)
     return out

@@ -42,6 +42,7 @@ GEMM's shape (``kernels.py`` charges backward as 2x forward); the K dimension is
 from __future__ import annotations
 
 import math
+from functools import cache
 
 from ..facts.constants import constant, constants
 from ..hardware import Device
@@ -118,9 +119,11 @@ TILES = ((256, 128), (128, 256), (128, 128), (256, 64), (64, 256), (128, 64), (6
 """Thread-block tiles cuBLAS chooses among (the guide's §2.3 list, most to least efficient)."""
 
 
+@cache
 def quantization(m: float, n: float, sms: int) -> float:
     """Useful share of the tile grid for an ``m x n`` GEMM output on ``sms`` SMs: tile share x
-    wave share (module docstring), for the best tile of ``TILES``."""
+    wave share (module docstring), for the best tile of ``TILES``. Kept per (m, n, sms) for the
+    process (a pure function of them; ``memplan plan`` asks for the same shapes many times)."""
     best = 0.0
     for tm, tn in TILES:
         rows, cols = math.ceil(m / tm), math.ceil(n / tn)

@@ -9,6 +9,7 @@ instant: saved activations, temporaries, and the parameter gradients produced so
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from ...model.spec import ModelSpec
 from ...recipe import Recipe
@@ -157,13 +158,11 @@ def stage_points(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
     if memo is None:
         g = _whole_graph(spec, stage, recipe, dt)
         return simulate(g), g.param_grad_bytes
-    ctx, args = _graph_args(spec, stage, recipe, dt)
-    acc = accumulates(recipe)
-    key = _points_key(stage, ctx, args, acc)
-    if key not in memo:
-        ctx = key[2]
-        memo[key] = _composed(spec, stage.layers, ctx, args, memo, acc)
-    return memo[key]  # type: ignore[return-value]
+    ctx, args, key = _recipe_args(spec, stage, recipe, dt, memo)
+    got = memo.get(key)
+    if got is None:
+        got = memo[key] = _composed(spec, stage.layers, key[2], args, memo, key[3])
+    return got  # type: ignore[return-value]
 
 
 def stage_events(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Event]:
@@ -181,18 +180,53 @@ def _whole_graph(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> G
     return g
 
 
-def points_key(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes) -> tuple[object, ...]:
+def points_key(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
+               memo: dict[object, object] | None = None) -> tuple[object, ...]:
     """What ``stage_points`` reads of its arguments (one ``spec``): equal keys, equal points.
-    A caller memoising what it derives from the points alone keys it by this."""
+    A caller memoising what it derives from the points alone keys it by this. ``memo``: as for
+    ``stage_points`` (the key is kept for the recipe's other calls, ``_recipe_args``)."""
+    if memo is not None:
+        return _recipe_args(spec, stage, recipe, dt, memo)[2]
     ctx, args = _graph_args(spec, stage, recipe, dt)
     return _points_key(stage, ctx, args, accumulates(recipe))
 
 
+def _recipe_args(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
+                 memo: dict[object, object]
+                 ) -> tuple[Ctx, dict[str, object], tuple[object, ...]]:
+    """``_graph_args`` and ``_points_key`` of ``stage`` under ``recipe``, kept in ``memo`` for
+    the last recipe seen (by identity: the slot holds the recipe, so it cannot be another
+    object at the same address) and each (first, last) a stage can be: an evaluation asks for
+    them per stage from the activations, the points' key and the traffic. ``dt`` is
+    ``dtypes(recipe)`` (a function of the recipe), ``spec`` the memo's one model."""
+    slot = memo.get("recipe_args")
+    if slot is None or slot[0] is not recipe:  # type: ignore[index]
+        slot = memo["recipe_args"] = (recipe, {})
+    per_stage: dict[tuple[bool, bool], Any] = slot[1]  # type: ignore[index]
+    where = (stage.index == 0, stage.index == recipe.parallelism.pp - 1)
+    got = per_stage.get(where)
+    if got is None:
+        ctx, args = _graph_args(spec, stage, recipe, dt)
+        key = _points_key(stage, ctx, args, accumulates(recipe))
+        got = per_stage[where] = (ctx, args, key[2:])
+    ctx, args, rest = got
+    return ctx, args, ("stage_points", stage.layers, *rest)
+
+
 def _points_key(stage: Stage, ctx: Ctx, args: dict[str, object],
                 acc: bool) -> tuple[object, ...]:
-    if not args["last"]:
-        ctx = replace(ctx, loss="standard")  # read by the last stage's loss only (families.py)
-    return ("stage_points", stage.layers, ctx, acc, *args.values())
+    return ("stage_points", stage.layers, _stage_ctx(ctx, args), acc, *args.values())
+
+
+def _stage_ctx(ctx: Ctx, args: dict[str, object]) -> Ctx:
+    """``ctx`` with the fields only the last stage's head and loss read (``families.py``
+    ``_eager_graph`` under ``last``: the loss kind, the logits' upcasts, the embeddings its
+    forward holds; ``blocks.causal_lm_loss``) at their defaults on any other stage: the graph
+    of a non-last stage is the same whatever they are, so its memo keys share them."""
+    if args["last"]:
+        return ctx
+    return replace(ctx, loss="standard", upcast_in_model=False, upcast_in_loss=True,
+                   embeds_held=False)
 
 
 def graph_attention(spec: ModelSpec, attention: str) -> str:
@@ -227,7 +261,11 @@ def stage_traffic(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
     (``traffic.py``), from the graph ``stage_points`` simulates. A stage of identical layers is
     read off a two-layer graph: its ops are the same for every layer, so the second layer's
     traffic stands for each of the middle ones. ``memo``: as for ``stage_points``."""
-    ctx, args = _graph_args(spec, stage, recipe, dt)
+    if memo is not None:  # the key of a non-last stage without the head's fields
+        ctx, args, pkey = _recipe_args(spec, stage, recipe, dt, memo)
+        ctx = pkey[2]  # type: ignore[assignment]
+    else:
+        ctx, args = _graph_args(spec, stage, recipe, dt)
     layers = stage.layers
     sigs = signatures(spec, memo if memo is not None else {})
     short = (args["train_from"] is None and len(layers) > 2
