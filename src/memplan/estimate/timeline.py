@@ -100,22 +100,25 @@ def peak_allocated(lines: Sequence[Line], instants: Sequence[Instant] = ()) -> i
         for phase in ALL_PHASES:
             mine = by_phase[phase]
             whole = sums[step][phase]
-            grow = growing[step] if phase == bwd else []
-            fixed = whole - sum(grow)
-            if not mine:
-                totals.append(whole)
-            elif len(grow) == 1:  # the usual case, without the inner sum
-                g = grow[0]
-                totals.append(max([(fixed + round(g * i.progress) if i.progress < 1.0
-                                    else whole) + i.items_bytes for i in mine]))
-            elif grow:
-                for inst in mine:
-                    p = inst.progress
-                    totals.append((fixed + sum([round(b * p) for b in grow]) if p < 1.0
-                                   else whole) + inst.items_bytes)
-            else:
-                totals.append(whole + max([inst.items_bytes for inst in mine]))
+            totals.append(_phase_peak(whole, growing[step] if phase == bwd else [], mine))
     return max(totals)
+
+
+def _phase_peak(whole: int, grow: list[int], mine: list[Instant]) -> int:
+    """The largest total of one (step, phase): ``whole`` bytes of phase-long lines, of which
+    ``grow`` (the gradients) grow with each instant's backward progress, plus the instant's
+    own items; ``whole`` alone for a phase without instants."""
+    if not mine:
+        return whole
+    fixed = whole - sum(grow)
+    if len(grow) == 1:  # the usual case, without the inner sum
+        g = grow[0]
+        return max([(fixed + round(g * i.progress) if i.progress < 1.0 else whole)
+                    + i.items_bytes for i in mine])
+    if grow:
+        return max([(fixed + sum([round(b * i.progress) for b in grow]) if i.progress < 1.0
+                     else whole) + i.items_bytes for i in mine])
+    return whole + max([i.items_bytes for i in mine])
 
 
 def _peak_stepping(lines: Sequence[Line], by_phase: dict[Phase, list[Instant]]) -> int:
@@ -134,17 +137,7 @@ def _peak_stepping(lines: Sequence[Line], by_phase: dict[Phase, list[Instant]]) 
                     totals.append(sum(i.bytes for i in _static(live, step, phase)))
                 continue
             growing = [ln.item.bytes for ln in live if ln.grows and phase == Phase.BACKWARD]
-            whole = sum(ln.item.bytes for ln in live)
-            fixed = whole - sum(growing)
-            if not mine:
-                totals.append(whole)
-            elif growing:
-                for inst in mine:
-                    p = inst.progress
-                    totals.append((fixed + sum([round(b * p) for b in growing]) if p < 1.0
-                                   else whole) + inst.items_bytes)
-            else:
-                totals.append(whole + max([inst.items_bytes for inst in mine]))
+            totals.append(_phase_peak(sum(ln.item.bytes for ln in live), growing, mine))
     return max(totals)
 
 
