@@ -173,3 +173,47 @@ def test_plan_from_an_engine_file_holds_its_keys(tmp_path):
     assert ranked and all(p["recipe"]["zero"] == 2 and p["recipe"]["micro_batch"] == 4
                           and p["recipe"]["grad_accum"] == 2 for p in ranked)
     assert len({p["recipe"]["checkpointing"] for p in ranked}) > 1
+
+
+def _plan_with_stderr(stderr_on_a_terminal: bool) -> tuple[str, str]:
+    """``memplan plan`` of a search that takes over a second, its stderr a pseudo-terminal or a
+    pipe; (stdout, stderr)."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "memplan", "plan", "Qwen/Qwen2.5-0.5B", "--gpu", "H100-80GB",
+           "--gpus", "2"]
+    env = {**os.environ, "COLUMNS": "100"}
+    if not stderr_on_a_terminal:
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr
+        return r.stdout, r.stderr
+    master, slave = pty.openpty()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=slave, env=env)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    with p.stdout:
+        out = p.stdout.read().decode()
+    assert p.wait(timeout=600) == 0
+    os.close(master)
+    return out, b"".join(chunks).decode(errors="replace")
+
+
+def test_progress_bar_on_a_terminal_only():
+    """Issue #13: a search over a second shows a progress bar on a terminal (stderr), and
+    nothing off one; the plan itself goes to stdout either way."""
+    out, err = _plan_with_stderr(True)
+    assert "planning Qwen/Qwen2.5-0.5B" in err and "%" in err, err[-500:]
+    assert "planning" not in out and "Qwen/Qwen2.5-0.5B" in out
+    out, err = _plan_with_stderr(False)
+    assert "planning" not in err and "Qwen/Qwen2.5-0.5B" in out
