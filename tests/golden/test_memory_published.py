@@ -251,7 +251,7 @@ def estimate_row(model_id: str, recipe: Recipe, device: Device) -> Breakdown:
     dispatch as ``memplan estimate``, api.estimate_from_names); the allocator's slack replayed
     (``estimate/reserved.py``) where the graph gives the stream, the flat fraction otherwise.
     Kept per (model, recipe, device): the golden tests, ``scripts/underestimates.py`` and
-    ``scripts/accuracy_claims.py`` ask for the same rows in one pytest process (a ``Device``
+    ``scripts/accuracy_claims.py`` ask for the same rows when they run in one process (a ``Device``
     holds a dict, so its repr is the key)."""
     key = (model_id, recipe, repr(device))
     if key not in _ROW_ESTIMATES:

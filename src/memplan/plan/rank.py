@@ -10,17 +10,12 @@ from typing import Any
 from .evaluate import Evaluated
 from .space import SEARCHED
 
-__all__ = ["FAMILY_KEYS", "Rejected", "ranked", "pareto", "rejected_families", "family_of"]
+__all__ = ["FAMILY_KEYS", "Rejected", "ranked", "pareto", "rejected_families"]
 
 FAMILY_KEYS = ("engine", "zero", "hybrid_shard", "offload", "tp", "sequence_parallel", "pp",
                "pp_virtual", "cp", "ep")
 """A family: how the model and its states are split and where they live. Within a family
 plan varies micro-batch, checkpointing, kernel and loss."""
-
-
-def family_of(e: Evaluated) -> tuple[Any, ...]:
-    d = e.recipe.to_dict()
-    return tuple(d[k] for k in FAMILY_KEYS)
 
 
 def _speed(e: Evaluated) -> float:

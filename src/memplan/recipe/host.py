@@ -70,8 +70,8 @@ class HostSetup:
     """PyTorch rounds each pinned allocation to a power of two (pytorch/pytorch#95823); false
     with ``pinned_max_round_threshold_mb`` set."""
     matmul_efficiency: float = 0.0
-    """Fraction of the GPU's dense peak that matmuls reach; 0 = the sourced default (0.806,
-    ``facts/rates.toml``)."""
+    """Fraction of the GPU's dense peak that matmuls reach; 0 = the sourced default of the GPU's
+    architecture and power (``timing.gemm.measured_matmul_efficiency``, ``facts/rates.toml``)."""
 
     def __post_init__(self) -> None:
         p = Problems()
@@ -97,7 +97,7 @@ class HostSetup:
         if not (isinstance(self.matmul_efficiency, (int, float))
                 and 0 <= self.matmul_efficiency <= 1):
             p.add(f"host.matmul_efficiency={self.matmul_efficiency!r} must be a fraction in "
-                  "(0, 1], or 0 for the sourced default 0.806.")
+                  "(0, 1], or 0 for the sourced default of the GPU (facts/rates.toml).")
         p.raise_if_any()
 
     @classmethod

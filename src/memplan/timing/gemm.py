@@ -27,8 +27,9 @@ sustains 6.04 TFLOP/s per SM (5.30 W per SM), the 350 W, 114-SM PCIe card 4.32 (
 SM; 0.65 of its datasheet peak against the SXM's 0.806). The rate per SM at the board's
 ``power_w / sm_count`` is the straight line through the two; since throughput rises ever more
 slowly with power (dynamic power ~ f V^2), the chord lies below the true curve between the
-points: it errs slow, not fast. The share is that rate over the clock-bound one (``base`` x the
-peak per SM), at most 1; it scales the GEMMs (``base_matmul_efficiency``) and the attention
+points: it errs slow, not fast. The share is that rate over the architecture's measured one
+(``matmul_efficiency_<arch>`` x the peak per SM: for Hopper the 700 W node's sustained 727
+TFLOP/s, so a 132-SM board keeps it down to about 600 W), at most 1; it scales the GEMMs (``base_matmul_efficiency``) and the attention
 kernels (``kernels.attention_efficiency``) alike. Other architectures (no two-board
 measurement) and devices without an SM count or power figure get 1.
 
@@ -81,8 +82,8 @@ def sustained_tflops_per_sm(arch: str, watts_per_sm: float) -> float | None:
 
 
 def power_limited_share(device: Device) -> float:
-    """Share of the clock-bound GEMM rate (``matmul_efficiency`` x the 16-bit peak per SM) that
-    ``device``'s power limit sustains, at most 1 (module docstring); 1 when the catalog lacks
+    """Share of the architecture's measured GEMM rate (``_arch_efficiency`` x the 16-bit peak
+    per SM) that ``device``'s power limit sustains, at most 1 (module docstring); 1 when the catalog lacks
     the SM count, the power or the 16-bit peak, or the architecture has no measurement."""
     peak = (device.tflops or {}).get("bf16") or (device.tflops or {}).get("fp16")
     if not (device.sm_count and device.power_w and peak):

@@ -92,7 +92,7 @@ _EVALUATED: dict[tuple[str, int, int], tuple[RowResult, ...]] = {}
 
 def evaluate(path: str | Path) -> list[RowResult]:
     """Predict every row of a throughput CSV. Kept per file and its size and mtime: the golden
-    test and the accuracy figures read the same files in one process."""
+    test and the accuracy figures read the same files when they run in one process."""
     st = Path(path).stat()
     key = (str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
     if key not in _EVALUATED:
