@@ -27,8 +27,9 @@ config it ran and every step's peaks per phase and moment.
   ``checkpoint_wrapper`` on the same policy. Neither FSDP harness wraps the forward in
   accelerate's autocast (the parameters are already in the compute dtype).
 - ``deepspeed``: the ds_config JSON (``export --to deepspeed``) is passed to
-  ``deepspeed.initialize`` as written, with one override recorded in the output:
-  ``optimizer.params.torch_adam = true`` (no fused CPU Adam is built on this machine).
+  ``deepspeed.initialize`` as written, with two overrides recorded in the output:
+  ``optimizer.params.torch_adam = true`` (no fused CPU Adam is built on this machine), and
+  DeepSpeed's CPU shared-memory all-reduce op is not built (``_SHM_OVERRIDE``).
 
 Counting: every distinct storage once (``DTensor.to_local()`` views and FSDP's padded shards share
 storages; the tracker keys storages, not tensors). Storages FSDP2 frees and re-allocates with
@@ -48,6 +49,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import importlib
 import json
 import time
 import warnings
@@ -197,6 +199,25 @@ def _fsdp1(model: Any, cfg: dict[str, Any], recipe: Recipe) -> _Engine:
     return _torch_engine(m, str(recipe.optimizer.kind))
 
 
+_SHM_OVERRIDE = ("deepspeed.comm.torch.build_shm_op -> None (its op serves only "
+                 "inference_all_reduce; training collectives go through gloo)")
+
+
+def _skip_shm_op() -> None:
+    """Keep DeepSpeed from JIT-compiling its CPU ``deepspeed_shm_comm`` op at ``init_distributed``.
+
+    DeepSpeed 0.19.8 ``comm/torch.py``: ``TorchBackend.__init__`` calls ``build_shm_op()`` on the
+    CPU accelerator, a C++ build of about a minute of both cores here on the first launch of each
+    fresh environment, and the op is read only by ``inference_all_reduce``. ``all_reduce``,
+    ``all_gather``, ``reduce_scatter`` (what ZeRO's training step calls) go to
+    ``torch.distributed`` on gloo either way, and the op's buffers are shared memory, not tensors,
+    so the tensor bytes measured here do not depend on it. On a GPU the accelerator is CUDA and
+    the op is never built."""
+    # importlib, not ``import deepspeed.comm.torch as m``: that binds ``deepspeed.comm``'s
+    # attribute ``torch``, which is the torch package.
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
 def _deepspeed(model: Any, cfg: dict[str, Any]) -> _Engine:
     import deepspeed
 
@@ -294,6 +315,7 @@ def _run_case(case: dict[str, Any], rank: int) -> dict[str, Any]:
         cfg = json.loads(text)
         cfg.setdefault("optimizer", {}).setdefault("params", {})["torch_adam"] = True
         overrides.append("optimizer.params.torch_adam = true (no fused CPU Adam on this machine)")
+        overrides.append(_SHM_OVERRIDE)
     else:
         import yaml
 
@@ -331,6 +353,7 @@ def main(argv: list[str] | None = None) -> None:
     if "deepspeed" in engines:
         import deepspeed
 
+        _skip_shm_op()
         deepspeed.init_distributed(dist_backend="gloo")
     else:
         dist.init_process_group("gloo")
