@@ -27,8 +27,9 @@ def _numbers(e: Evaluated) -> tuple[object, ...]:
 
 @pytest.mark.parametrize("model,gpus,seq,load", [("meta-llama/Llama-3.2-1B", 16, 8192, "sharded"),
                                                  ("Qwen/Qwen2.5-0.5B", 8, 4096, "rank0"),
-                                                 ("deepseek-ai/DeepSeek-V2-Lite", 8, 2048,
-                                                  "meta"),
+                                                 pytest.param("deepseek-ai/DeepSeek-V2-Lite", 8,
+                                                              2048, "meta",
+                                                              marks=pytest.mark.full),
                                                  ("mistralai/Mixtral-8x7B-v0.1", 8, 4096,
                                                   "sharded")])
 def test_plan_equals_estimate_on_more_random_candidates(model: str, gpus: int, seq: int,
