@@ -54,3 +54,19 @@ def test_deepspeed_reduce_bucket_is_allocated_whole(llama8b, h100, overlap):
     bucket = next(i for i in rank.phase_moment(Phase.BACKWARD).items
                   if i.name == "ZeRO reduce bucket")
     assert bucket.bytes == (2 if overlap else 1) * 500_000_000 * 2
+
+
+@pytest.mark.parametrize("zero", [1, 2])
+def test_deepspeed_zero12_step_flattens_the_partition_before_the_cast(llama8b, h100, zero):
+    """DeepSpeedZeroOptimizer.step makes the fp32 gradient as ``self.flatten(
+    self.averaged_gradients[i]).to(fp32)`` (stage_1_and_2.py, v0.12.3 and 0.19.8): a 16-bit
+    copy of the rank's gradient partition is alive beside the fp32 one, as ZeRO-3's sub_group."""
+    rank = estimate(llama8b, Recipe.of(precision="bf16-mixed", gpus=8, zero=zero,
+                                       engine="deepspeed"), h100).ranks[0]
+    step = {i.name: i.bytes for i in rank.phase_moment(Phase.OPTIMIZER).items}
+    n = llama8b.num_params
+    copy = step["flattened bf16 gradients of the gradient partition (cast input)"]
+    assert copy == pytest.approx(2 * n / 8, rel=0.01)
+    assert step["fp32 gradient partition (optimizer step)"] == pytest.approx(2 * copy, rel=1e-6)
+    backward = {i.name for i in rank.phase_moment(Phase.BACKWARD).items}
+    assert not any("cast input" in name for name in backward)
