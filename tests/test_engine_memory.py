@@ -4,6 +4,9 @@ parameters + an fp32 master and steps FusedAdam (no copy, an fp32 gradient parti
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from memplan import Phase, Recipe, estimate
@@ -70,3 +73,17 @@ def test_deepspeed_zero12_step_flattens_the_partition_before_the_cast(llama8b, h
     assert step["fp32 gradient partition (optimizer step)"] == pytest.approx(2 * copy, rel=1e-6)
     backward = {i.name for i in rank.phase_moment(Phase.BACKWARD).items}
     assert not any("cast input" in name for name in backward)
+
+
+def test_zero12_cast_copy_was_measured():
+    """validation/zero12_cast_copy.json (scripts/measure_zero12_cast_copy.py, DeepSpeed 0.19.8 on
+    CPU): each step's flatten makes a new bf16 storage of the whole partition, 2 B per element,
+    the bytes the line above counts."""
+    data = json.loads((Path(__file__).resolve().parents[1] / "validation"
+                       / "zero12_cast_copy.json").read_text())
+    assert {r["zero_stage"] for r in data["runs"]} == {1, 2}
+    for run in data["runs"]:
+        calls = run["flatten_calls_in_step"]
+        assert len(calls) == run["steps"]
+        assert all(c["new_storage"] and c["dtype"] == "bfloat16"
+                   and c["bytes"] == 2 * run["partition_elements"] for c in calls)
