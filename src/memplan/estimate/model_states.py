@@ -155,6 +155,17 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
             formula=(f"elements of the FSDP1 units with a trainable parameter x {gb:g} B"
                      if flat_mix else f"trainable elements x {gb:g} B")
             + " (in the backward: fsdp2_units.py / fsdp1_units.py)")
+    elif not flat_grads and z == 1 and recipe.engine_kind == "deepspeed":
+        # ZeRO-1 keeps every 16-bit gradient through the backward; its step frees those outside
+        # the rank's partition before flattening the rest for the fp32 cast
+        # (DeepSpeedZeroOptimizer.step: "free_grad_in_param_list(self.params_not_in_partition[i])",
+        # stage_1_and_2.py, v0.12.3 and 0.19.8), so the step holds the partition's only
+        add(Category.GRADIENTS, f"gradients{why}", grads, shard=False,
+            phases=tuple(p for p in grad_phases if p is not O), grows=not persistent,
+            formula=f"trainable elements x {gb:g} B")
+        add(Category.GRADIENTS, f"gradients{why}", grads, shard=True, phases=(O,),
+            formula=f"trainable elements x {gb:g} B, the rank's partition (ZeRO-1 step frees "
+            "the others, stage_1_and_2.py)")
     elif not flat_grads:
         add(Category.GRADIENTS, f"gradients{why}", grads, shard=z >= 2,
             phases=grad_phases, grows=not persistent,
