@@ -166,11 +166,13 @@ def test_deepspeed_zero3_offload_all(llama8b, h100):
 def test_megatron_bytes_per_param(llama8b, h100):
     """Megatron-LM theoretical_memory_usage.py: 18 B/param without the distributed optimizer
     (bf16 param 2 + fp32 main_grad 4 + fp32 master 4 + Adam 8), 6 + 12/DP with it.
-    Expressed as: zero=1 + grad_dtype=fp32 (fp32 main_grad buffers); dp=1 has nothing to shard."""
+    Expressed as: engine=megatron, zero=1 + grad_dtype=fp32 (fp32 main_grad buffers, kept whole
+    through the step; DeepSpeed ZeRO-1's step frees the gradients outside the rank's partition);
+    dp=1 has nothing to shard."""
     P = llama8b.num_params
-    one = _run(llama8b, h100, zero=1, gpus=1, grad_dtype="fp32")
+    one = _run(llama8b, h100, zero=1, gpus=1, grad_dtype="fp32", engine="megatron")
     assert _gpu_bytes(one, STATES, Phase.OPTIMIZER) == pytest.approx(18 * P, abs=64)
-    dist = _run(llama8b, h100, zero=1, gpus=8, grad_dtype="fp32")
+    dist = _run(llama8b, h100, zero=1, gpus=8, grad_dtype="fp32", engine="megatron")
     assert _gpu_bytes(dist, STATES, Phase.OPTIMIZER) == pytest.approx((6 + 12 / 8) * P, abs=64)
 
 

@@ -4,6 +4,9 @@ parameters + an fp32 master and steps FusedAdam (no copy, an fp32 gradient parti
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from memplan import Phase, Recipe, estimate
@@ -54,3 +57,50 @@ def test_deepspeed_reduce_bucket_is_allocated_whole(llama8b, h100, overlap):
     bucket = next(i for i in rank.phase_moment(Phase.BACKWARD).items
                   if i.name == "ZeRO reduce bucket")
     assert bucket.bytes == (2 if overlap else 1) * 500_000_000 * 2
+
+
+@pytest.mark.parametrize("zero", [1, 2])
+def test_deepspeed_zero12_step_flattens_the_partition_before_the_cast(llama8b, h100, zero):
+    """DeepSpeedZeroOptimizer.step makes the fp32 gradient as ``self.flatten(
+    self.averaged_gradients[i]).to(fp32)`` (stage_1_and_2.py, v0.12.3 and 0.19.8): a 16-bit
+    copy of the rank's gradient partition is alive beside the fp32 one, as ZeRO-3's sub_group."""
+    rank = estimate(llama8b, Recipe.of(precision="bf16-mixed", gpus=8, zero=zero,
+                                       engine="deepspeed"), h100).ranks[0]
+    step = {i.name: i.bytes for i in rank.phase_moment(Phase.OPTIMIZER).items}
+    n = llama8b.num_params
+    copy = step["flattened bf16 gradients of the gradient partition (cast input)"]
+    assert copy == pytest.approx(2 * n / 8, rel=0.01)
+    assert step["fp32 gradient partition (optimizer step)"] == pytest.approx(2 * copy, rel=1e-6)
+    backward = {i.name for i in rank.phase_moment(Phase.BACKWARD).items}
+    assert not any("cast input" in name for name in backward)
+
+
+def test_zero12_cast_copy_was_measured():
+    """validation/zero12_cast_copy.json (scripts/measure_zero12_cast_copy.py, DeepSpeed 0.19.8 on
+    CPU): each step's flatten makes a new bf16 storage of the whole partition, 2 B per element,
+    the bytes the line above counts."""
+    data = json.loads((Path(__file__).resolve().parents[1] / "validation"
+                       / "zero12_cast_copy.json").read_text())
+    assert {r["zero_stage"] for r in data["runs"]} == {1, 2}
+    for run in data["runs"]:
+        calls = run["flatten_calls_in_step"]
+        assert len(calls) == run["steps"]
+        assert all(c["new_storage"] and c["dtype"] == "bfloat16"
+                   and c["bytes"] == 2 * run["partition_elements"] for c in calls)
+
+
+def test_deepspeed_zero1_step_keeps_only_the_partitions_gradients(llama8b, h100):
+    """ZeRO-1 holds every 16-bit gradient in the backward; its step frees those outside the
+    rank's partition before the cast (stage_1_and_2.py ``free_grad_in_param_list(
+    self.params_not_in_partition[i])``), so at the step it matches ZeRO-2, as the committed
+    2- and 4-rank CPU runs measured (validation/dist_nproc{2,4}.json: the same optimizer-step
+    peak for ZeRO-1 and ZeRO-2)."""
+    def grads(zero, phase):
+        rank = estimate(llama8b, Recipe.of(precision="bf16-mixed", gpus=8, zero=zero,
+                                           engine="deepspeed", grad_accum=2), h100).ranks[0]
+        return sum(i.bytes for i in rank.phase_moment(phase).items
+                   if i.name.startswith("gradients"))
+    n = llama8b.num_params
+    assert grads(1, Phase.BACKWARD) == pytest.approx(2 * n, rel=0.01)
+    assert grads(1, Phase.OPTIMIZER) == pytest.approx(2 * n / 8, rel=0.01)
+    assert grads(1, Phase.OPTIMIZER) == grads(2, Phase.OPTIMIZER)

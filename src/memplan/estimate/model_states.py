@@ -155,6 +155,17 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
             formula=(f"elements of the FSDP1 units with a trainable parameter x {gb:g} B"
                      if flat_mix else f"trainable elements x {gb:g} B")
             + " (in the backward: fsdp2_units.py / fsdp1_units.py)")
+    elif not flat_grads and z == 1 and recipe.engine_kind == "deepspeed":
+        # ZeRO-1 keeps every 16-bit gradient through the backward; its step frees those outside
+        # the rank's partition before flattening the rest for the fp32 cast
+        # (DeepSpeedZeroOptimizer.step: "free_grad_in_param_list(self.params_not_in_partition[i])",
+        # stage_1_and_2.py, v0.12.3 and 0.19.8), so the step holds the partition's only
+        add(Category.GRADIENTS, f"gradients{why}", grads, shard=False,
+            phases=tuple(p for p in grad_phases if p is not O), grows=not persistent,
+            formula=f"trainable elements x {gb:g} B")
+        add(Category.GRADIENTS, f"gradients{why}", grads, shard=True, phases=(O,),
+            formula=f"trainable elements x {gb:g} B, the rank's partition (ZeRO-1 step frees "
+            "the others, stage_1_and_2.py)")
     elif not flat_grads:
         add(Category.GRADIENTS, f"gradients{why}", grads, shard=z >= 2,
             phases=grad_phases, grows=not persistent,
@@ -173,18 +184,26 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
             formula="DeepSpeed casts the 16-bit gradient partition to fp32 for the step "
             "(stage_1_and_2.py; ZeRO-3 one sub_group of 1e9 elements at a time)" + shard_note),
             (O,)))
-        if z == 3 and recipe.engine_kind == "deepspeed":
-            # the cast's input is a flattened 16-bit copy of the sub_group's gradients, alive
-            # while the fp32 one is made: "single_grad_partition = self.flatten(
+        if recipe.engine_kind == "deepspeed":
+            # the cast's input is a flattened 16-bit copy of the gradients, alive while the
+            # fp32 one is made. ZeRO-3: "single_grad_partition = self.flatten(
             # self.averaged_gradients[sub_group_id]).to(...)" (flatten = torch.cat, a copy of
             # the narrows of grad_partitions_flat_buffer), stage3.py
-            # _prepare_fp32_grad_for_sub_group (DeepSpeed 0.19.8)
+            # _prepare_fp32_grad_for_sub_group (DeepSpeed 0.19.8). ZeRO-1/2: the same line over
+            # the rank's whole partition of a parameter group, DeepSpeedZeroOptimizer.step
+            # (stage_1_and_2.py at v0.12.3: "self.flatten(self.averaged_gradients[i]).to(
+            # self.single_partition_of_fp32_groups[i].dtype)"; 0.19.8: flat_grad_partition =
+            # self.flatten(...), then .to(...), then del flat_grad_partition), although the
+            # 16-bit gradients already sit in one buffer (grads_in_partition)
+            what = "one sub_group" if z == 3 else "the gradient partition"
+            where = ("stage3.py _prepare_fp32_grad_for_sub_group" if z == 3
+                     else "stage_1_and_2.py DeepSpeedZeroOptimizer.step")
             items.append(Line(Item(
                 category=Category.TEMPORARY,
-                name=f"flattened {dt.grad} gradients of one sub_group (cast input)",
+                name=f"flattened {dt.grad} gradients of {what} (cast input)",
                 bytes=math.ceil(n / 4 * gb),
-                formula=f"one sub_group x {gb:g} B (DeepSpeed stage3.py "
-                "_prepare_fp32_grad_for_sub_group: self.flatten(...).to(fp32))" + shard_note),
+                formula=f"{what} x {gb:g} B (DeepSpeed {where}: "
+                "self.flatten(...).to(fp32))" + shard_note),
                 (O,)))
 
     # -- optimizer states and master weights ---------------------------------------------------

@@ -19,9 +19,9 @@ peaks at 5 B per weight (int32 + int8). Below 128 rows (``x.shape[0] < 128``) th
 runs and nothing is added.
 
 Known limitations: Qwen-1's fused ``c_attn`` is drawn as three q/k/v linears (``families.py``),
-so its int32 transient is counted per third (the saved fp16 weight is the same); the recompute
-replays saved tensors only, so the dequant transient is seen in the forward, not in the
-recompute."""
+so its int32 transient is counted per third (the saved fp16 weight is the same). Under full
+checkpointing the backward's recompute re-runs these ops (``graph._recompute`` replays every op
+of the group), so the transient is seen there too, as in reentrant ``torch.utils.checkpoint``."""
 
 from __future__ import annotations
 
