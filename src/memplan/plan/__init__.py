@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import ConfigError
+from ..estimate.activations import LANE_BATCHES
 from ..host import HostSetup
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
@@ -140,6 +141,9 @@ def _plan(spec: ModelSpec, base: Recipe, cluster: Cluster, *, fixed: frozenset[s
     candidates = list(space.recipes(spec))
     if not candidates:
         raise ConfigError([_empty_reason(spec, space)])
+    # the activation simulations of one context run for all these micro-batches at once
+    ev.memo[LANE_BATCHES] = tuple(sorted({r.batch.micro_batch for r in candidates}
+                                         | set(ev.memo.get(LANE_BATCHES, ()))))  # type: ignore
     rows = []
     if workers > 1 and len(candidates) >= 500 and evaluator is None and can_fork():
         rows = list(evaluate_all(spec, cluster, setup, candidates, workers, progress))

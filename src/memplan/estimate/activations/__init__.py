@@ -24,10 +24,11 @@ from .compose import compose, short_lengths, signatures
 from .families import stage_graph
 from .events import Event, record
 from .graph import Graph, Point, simulate
+from .lanes import Lanes, simulate_lanes
 from .policy import host_checkpoint_bytes, policy_of
 from .traffic import Traffic, graph_traffic
 
-__all__ = ["Event", "Point", "Traffic", "points_key", "stage_events", "stage_points",
+__all__ = ["Event", "Point", "Traffic", "LANE_BATCHES", "points_key", "stage_events", "stage_points",
            "stage_traffic",
            "cpu_checkpoint_bytes", "graph_attention", "held_bytes"]
 
@@ -310,17 +311,14 @@ def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
     if args["train_from"] is None and period and len(layers) \
             and len({sig[i] for i in layers}) == 1:
 
-        def key(n: int) -> tuple[object, ...]:
-            return ("short", sig[start], n, ctx, acc, *args.values())
+        def key(n: int, c: Ctx = ctx) -> tuple[object, ...]:
+            return ("short", sig[start], n, c, acc, *args.values())
 
         def short(n: int) -> tuple[list[Point], int]:
             k = key(n)
             if k not in memo:
-                g = stage_graph(spec, range(start, start + n), ctx, **args)  # type: ignore[arg-type]
-                g.accumulate = acc
-                pts = [Point(p.phase, _relabel(p.region, start), p.saved, p.temp, p.grads)
-                       for p in simulate(g)]
-                memo[k] = pts, g.param_grad_bytes
+                _short_runs(spec, range(start, start + n), ctx, args, acc, memo,
+                            lambda c: key(n, c))
             return memo[k]  # type: ignore[return-value]
 
         lengths = short_lengths(len(layers), period)
@@ -331,6 +329,39 @@ def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
     g = stage_graph(spec, layers, ctx, **args)  # type: ignore[arg-type]
     g.accumulate = acc
     return simulate(g), g.param_grad_bytes
+
+
+LANE_BATCHES = "lane_batches"
+"""``memo`` key of the micro-batches a caller will ask for (``memplan plan``: every micro-batch
+of its search): a short simulation missing for one of them is run for all of them at once."""
+
+
+def _short_runs(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object], acc: bool,
+                memo: dict[object, object], key: Any) -> None:
+    """Put the points of ``layers`` (relabelled from ``layer 0``) for ``ctx`` in ``memo`` under
+    ``key(ctx)``; with the micro-batches of ``LANE_BATCHES`` not yet there, from one graph built
+    and replayed in lanes (``lanes.py``: lane by lane what each micro-batch's own graph gives),
+    unless the lanes split (then ``ctx`` alone, as before)."""
+    ctxs = [ctx] + [replace(ctx, batch=b) for b in memo.get(LANE_BATCHES, ())  # type: ignore
+                    if b != ctx.batch]
+    ctxs = [ctxs[0]] + [c for c in ctxs[1:] if key(c) not in memo]
+    runs = None
+    if len(ctxs) > 1:
+        try:
+            g = stage_graph(spec, layers, replace(ctx, batch=Lanes(tuple(  # type: ignore
+                c.batch for c in ctxs))), **args)  # type: ignore[arg-type]
+            g.accumulate = acc
+            runs = simulate_lanes(g, len(ctxs))
+        except Exception:  # noqa: BLE001  a size the lanes cannot carry: ctx alone, exactly
+            memo["lane_splits"] = memo.get("lane_splits", 0) + 1  # type: ignore[operator]
+            ctxs, runs = ctxs[:1], None
+    if runs is None:
+        g = stage_graph(spec, layers, ctx, **args)  # type: ignore[arg-type]
+        g.accumulate = acc
+        runs = [(simulate(g), g.param_grad_bytes)]
+    for c, (points, grads) in zip(ctxs, runs):
+        memo[key(c)] = [Point(p.phase, _relabel(p.region, layers.start), p.saved, p.temp,
+                              p.grads) for p in points], grads
 
 
 def _compose_pays(new_layers: int, length: int) -> bool:
