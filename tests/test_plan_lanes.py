@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from memplan.errors import ConfigError
-from memplan.estimate.activations import LANE_BATCHES, _recipe_args, stage_points
+from memplan.estimate.activations import LANE_BATCHES, _recipe_args, stage_points, stage_traffic
 from memplan.estimate.activations.families import stage_graph
 from memplan.estimate.activations.graph import simulate
 from memplan.estimate.activations.lanes import Lanes, Split, simulate_lanes
@@ -76,18 +76,20 @@ def test_moe_capacity_rounds_per_lane() -> None:
 
 
 def test_stage_points_with_lane_batches_equal_the_plain_simulation() -> None:
-    """Through ``stage_points``' memo (short simulations run in lanes for ``LANE_BATCHES``): each
-    micro-batch's points equal the memo-free simulation of the whole stage."""
+    """Through ``stage_points``' memo (short simulations, or with pp 4 whole stages, run in lanes
+    for ``LANE_BATCHES``): each micro-batch's points equal the memo-free simulation."""
     spec = load_model("meta-llama/Llama-3.2-1B")
     memo: dict[object, object] = {LANE_BATCHES: BATCHES}
-    for b, ck in itertools.product(BATCHES, ["none", "full"]):
-        r = Recipe.of(micro_batch=b, seq_len=128, checkpointing=ck)
-        st = layout(spec, r)[0]
-        whole = stage_points(spec, st, r, dtypes(r))
-        fast = stage_points(spec, st, r, dtypes(r), memo)
-        assert _rows(fast[0]) == _rows(whole[0]) and fast[1] == whole[1], (b, ck)
-    shorts = [k for k in memo if isinstance(k, tuple) and k[0] == "short"]
-    assert {k[3].batch for k in shorts} == set(BATCHES) and "lane_splits" not in memo
+    for pp, b, ck in itertools.product([1, 4], BATCHES, ["none", "full"]):
+        r = Recipe.of(gpus=pp, pp=pp, micro_batch=b, seq_len=128, checkpointing=ck)
+        for st in layout(spec, r):
+            whole = stage_points(spec, st, r, dtypes(r))
+            fast = stage_points(spec, st, r, dtypes(r), memo)
+            assert _rows(fast[0]) == _rows(whole[0]) and fast[1] == whole[1], (pp, b, ck)
+    for kind in ("short", "stage_points"):
+        keys = [k for k in memo if isinstance(k, tuple) and k[0] == kind]
+        assert {(k[3] if kind == "short" else k[2]).batch for k in keys} == set(BATCHES)
+    assert "lane_splits" not in memo
 
 
 def test_lanes_compute_each_lane_and_refuse_split_decisions() -> None:
@@ -102,3 +104,18 @@ def test_lanes_compute_each_lane_and_refuse_split_decisions() -> None:
             decide()
     with pytest.raises(TypeError):
         hash(x)
+
+
+@pytest.mark.parametrize("model", ["meta-llama/Llama-3.2-1B", "mistralai/Mixtral-8x7B-v0.1"])
+def test_stage_traffic_with_lane_batches_equals_each_micro_batch(model: str) -> None:
+    """The two-layer traffic graphs run in lanes: each micro-batch's traffic, bit for bit."""
+    spec = load_model(model)
+    memo: dict[object, object] = {LANE_BATCHES: BATCHES}
+    for b, ck, tp in itertools.product(BATCHES, ["none", "selective"], [1, 2]):
+        r = Recipe.of(gpus=tp, tp=tp, micro_batch=b, seq_len=96, checkpointing=ck,
+                      sequence_parallel=tp > 1)
+        st = layout(spec, r)[0]
+        assert stage_traffic(spec, st, r, dtypes(r), memo) == stage_traffic(
+            spec, st, r, dtypes(r)), (b, ck, tp)
+    twos = [k for k in memo if isinstance(k, tuple) and k[0] == "two_layer_traffic"]
+    assert {k[2].batch for k in twos} == set(BATCHES) and "lane_splits" not in memo

@@ -24,7 +24,7 @@ from .compose import compose, short_lengths, signatures
 from .families import stage_graph
 from .events import Event, record
 from .graph import Graph, Point, simulate
-from .lanes import Lanes, simulate_lanes
+from .lanes import Lanes, lane, simulate_lanes
 from .policy import host_checkpoint_bytes, policy_of
 from .traffic import Traffic, graph_traffic
 
@@ -280,15 +280,13 @@ def stage_traffic(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
         # the two-layer graph's sum and second layer: the same for every stage length and
         # position of these layers (its regions are the only thing the start changes)
         two = ("two_layer_traffic", sigs[layers.start], ctx, *args.values())
-        if memo is None or two not in memo:
-            start = layers.start
-            per_region = graph_traffic(stage_graph(spec, range(start, start + 2), ctx,
-                                                   **args))  # type: ignore[arg-type]
-            parts = (sum(per_region.values(), Traffic()),
-                     per_region.get(f"layer {start + 1}", Traffic()))
-            if memo is None:
-                return parts[0] + parts[1].scaled(len(layers) - 2)
-            memo[two] = parts
+        if memo is None:
+            parts = _two_layer(graph_traffic(stage_graph(spec, range(
+                layers.start, layers.start + 2), ctx, **args)), layers.start)  # type: ignore
+            return parts[0] + parts[1].scaled(len(layers) - 2)
+        if two not in memo:
+            _two_layer_runs(spec, layers.start, ctx, args, memo, lambda c: (
+                "two_layer_traffic", sigs[layers.start], c, *args.values()))
         whole, second = memo[two]  # type: ignore[misc]
         total = whole + second.scaled(len(layers) - 2)
     else:
@@ -297,6 +295,38 @@ def stage_traffic(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
     if memo is not None:
         memo[key] = total
     return total
+
+
+def _two_layer(per_region: dict[str, Traffic], start: int) -> tuple[Traffic, Traffic]:
+    """A two-layer graph's traffic in all, and its second layer's."""
+    return (sum(per_region.values(), Traffic()), per_region.get(f"layer {start + 1}", Traffic()))
+
+
+def _two_layer_runs(spec: ModelSpec, start: int, ctx: Ctx, args: dict[str, object],
+                    memo: dict[object, object], key: Any) -> None:
+    """``_two_layer`` of layers ``start, start + 1`` for ``ctx`` put in ``memo`` under
+    ``key(ctx)``; with the micro-batches of ``LANE_BATCHES`` not yet there, from one graph in
+    lanes (``graph_traffic`` adds each lane's sizes as it adds one batch's) unless it splits."""
+    ctxs = [ctx] + [c for c in (replace(ctx, batch=b) for b in memo.get(  # type: ignore
+        LANE_BATCHES, ()) if b != ctx.batch) if key(c) not in memo]
+    layers = range(start, start + 2)
+    runs = None
+    if len(ctxs) > 1:
+        try:
+            per = graph_traffic(stage_graph(spec, layers, replace(ctx, batch=Lanes(tuple(
+                c.batch for c in ctxs))), **args))  # type: ignore[arg-type]
+            runs = [{r: Traffic(eager_bytes=lane(t.eager_bytes, j),
+                                fused_bytes=lane(t.fused_bytes, j),
+                                eager_kernels=lane(t.eager_kernels, j),
+                                fused_kernels=lane(t.fused_kernels, j)) for r, t in per.items()}
+                    for j in range(len(ctxs))]
+        except Exception:  # noqa: BLE001  a size the lanes cannot carry: ctx alone, exactly
+            memo["lane_splits"] = memo.get("lane_splits", 0) + 1  # type: ignore[operator]
+            ctxs, runs = ctxs[:1], None
+    if runs is None:
+        runs = [graph_traffic(stage_graph(spec, layers, ctx, **args))]  # type: ignore[arg-type]
+    for c, per_region in zip(ctxs, runs):
+        memo[key(c)] = _two_layer(per_region, start)
 
 
 def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
@@ -317,8 +347,8 @@ def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
         def short(n: int) -> tuple[list[Point], int]:
             k = key(n)
             if k not in memo:
-                _short_runs(spec, range(start, start + n), ctx, args, acc, memo,
-                            lambda c: key(n, c))
+                _lane_runs(spec, range(start, start + n), ctx, args, acc, memo,
+                           lambda c: key(n, c), relabel=True)
             return memo[k]  # type: ignore[return-value]
 
         lengths = short_lengths(len(layers), period)
@@ -326,25 +356,24 @@ def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
             out = compose(short, start, len(layers), period)
             if out is not None:
                 return out
-    g = stage_graph(spec, layers, ctx, **args)  # type: ignore[arg-type]
-    g.accumulate = acc
-    return simulate(g), g.param_grad_bytes
+    # the whole stage, under stage_points' keys (its other micro-batches in lanes)
+    return _lane_runs(spec, layers, ctx, args, acc, memo, lambda c: (
+        "stage_points", layers, c, acc, *args.values()), relabel=False)
 
 
 LANE_BATCHES = "lane_batches"
 """``memo`` key of the micro-batches a caller will ask for (``memplan plan``: every micro-batch
-of its search): a short simulation missing for one of them is run for all of them at once."""
+of its search): a simulation missing for one of them is run for all of them at once."""
 
 
-def _short_runs(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object], acc: bool,
-                memo: dict[object, object], key: Any) -> None:
-    """Put the points of ``layers`` (relabelled from ``layer 0``) for ``ctx`` in ``memo`` under
-    ``key(ctx)``; with the micro-batches of ``LANE_BATCHES`` not yet there, from one graph built
-    and replayed in lanes (``lanes.py``: lane by lane what each micro-batch's own graph gives),
-    unless the lanes split (then ``ctx`` alone, as before)."""
-    ctxs = [ctx] + [replace(ctx, batch=b) for b in memo.get(LANE_BATCHES, ())  # type: ignore
-                    if b != ctx.batch]
-    ctxs = [ctxs[0]] + [c for c in ctxs[1:] if key(c) not in memo]
+def _lane_runs(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object], acc: bool,
+               memo: dict[object, object], key: Any, relabel: bool) -> tuple[list[Point], int]:
+    """The points of ``layers`` (``relabel``: from ``layer 0``) for ``ctx``, put in ``memo``
+    under ``key(ctx)``; with the micro-batches of ``LANE_BATCHES`` not yet there, from one graph
+    built and replayed in lanes (``lanes.py``: lane by lane what each micro-batch's own graph
+    gives), unless the lanes split (then ``ctx`` alone, as before)."""
+    ctxs = [ctx] + [c for c in (replace(ctx, batch=b) for b in memo.get(  # type: ignore
+        LANE_BATCHES, ()) if b != ctx.batch) if key(c) not in memo]
     runs = None
     if len(ctxs) > 1:
         try:
@@ -360,8 +389,9 @@ def _short_runs(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object
         g.accumulate = acc
         runs = [(simulate(g), g.param_grad_bytes)]
     for c, (points, grads) in zip(ctxs, runs):
-        memo[key(c)] = [Point(p.phase, _relabel(p.region, layers.start), p.saved, p.temp,
-                              p.grads) for p in points], grads
+        memo[key(c)] = ([Point(p.phase, _relabel(p.region, layers.start), p.saved, p.temp,
+                               p.grads) for p in points] if relabel else points), grads
+    return memo[key(ctx)]  # type: ignore[return-value]
 
 
 def _compose_pays(new_layers: int, length: int) -> bool:

@@ -30,7 +30,7 @@ from typing import Any
 
 from .graph import Graph, Op, Point, Tensor, _State, simulate
 
-__all__ = ["Lanes", "Split", "to_int", "simulate_lanes"]
+__all__ = ["Lanes", "Split", "lane", "simulate_lanes", "to_float", "to_int"]
 
 
 class Split(Exception):
@@ -134,19 +134,33 @@ def to_int(x: Any) -> Any:
     return int(x)
 
 
+def to_float(x: Any) -> Any:
+    """``float(x)``, lane by lane for ``Lanes`` (``traffic.py``)."""
+    if x.__class__ is Lanes:
+        return Lanes(tuple([float(a) for a in x.v]))
+    return float(x)
+
+
+def lane(x: Any, j: int) -> Any:
+    """Lane ``j`` of ``x`` (a value that does not depend on the batch: ``x`` itself)."""
+    return x.v[j] if x.__class__ is Lanes else x
+
+
 FIELD = 96
 """Bits per lane of a packed size (2^96 bytes: no simulated sum comes near)."""
 
 
 def _packer(k: int) -> Callable[[Any], int]:
-    ones = sum(1 << (FIELD * j) for j in range(k))
+    shifts = tuple(FIELD * j for j in range(k))
+    ones = sum(1 << s for s in shifts)
+    lshift = operator.lshift
 
     def pack(x: Any) -> int:
         if x.__class__ is Lanes:
-            if len(x.v) != k or any(a.__class__ is not int or a < 0 for a in x.v) or (
-                    0 in x.v and any(x.v)):
-                raise Split("a size negative, not an integer, or empty in some lanes only")
-            return sum(a << (FIELD * j) for j, a in enumerate(x.v))
+            v = x.v
+            if len(v) != k or min(v) < 0 or (0 in v and any(v)):
+                raise Split("a size negative, or empty in some lanes only")
+            return sum(map(lshift, v, shifts))  # a float lane: TypeError
         if x.__class__ is not int or x < 0:
             raise Split("a size that is not a non-negative integer")
         return x * ones
@@ -162,19 +176,21 @@ def _pack_graph(graph: Graph, k: int) -> None:
     if graph.stash is not None:  # a float fraction of the inputs' bytes: not additive
         raise Split("DeepSpeed stash")
     pack = _packer(k)
-    seen: set[int] = set()
+    seen: set[Tensor] = set()
+    add = seen.add
     for op in graph.ops:
         for ts in (op.inputs, op.outputs, op.saves, op.grad_inputs, op.holds):
             for t in ts:
-                if id(t) not in seen:
-                    seen.add(id(t))
+                if t not in seen:
+                    add(t)
                     t.nbytes = pack(t.nbytes)
-        pg = []
-        for b, b32 in op.param_grads:
-            if b.__class__ is Lanes or b32.__class__ is Lanes:  # compared with each other
-                raise Split("a parameter gradient that depends on the batch")
-            pg.append((pack(b), pack(b32)))
-        op.param_grads = tuple(pg)
+        if op.param_grads:
+            pg = []
+            for b, b32 in op.param_grads:
+                if b.__class__ is Lanes or b32.__class__ is Lanes:  # compared with each other
+                    raise Split("a parameter gradient that depends on the batch")
+                pg.append((pack(b), pack(b32)))
+            op.param_grads = tuple(pg)
         op.bwd_temp = pack(op.bwd_temp)
 
 
