@@ -1,5 +1,5 @@
-"""One graph for several micro-batches (``estimate/activations/lanes.py``, used by ``memplan
-plan``) changes no number: lane by lane, the points equal each micro-batch's own simulation,
+"""One graph for several micro-batches and sequences (``estimate/activations/lanes.py``, used by
+``memplan plan``) changes no number: lane by lane, the points equal each shape's own simulation,
 across families, checkpointing, losses, kernels, methods, tp and stages; a decision the lanes
 would take differently is refused, never guessed."""
 
@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from memplan.errors import ConfigError
-from memplan.estimate.activations import LANE_BATCHES, _recipe_args, stage_points, stage_traffic
+from memplan.estimate.activations import LANE_SHAPES, _recipe_args, stage_points, stage_traffic
 from memplan.estimate.activations.families import stage_graph
 from memplan.estimate.activations.graph import simulate
 from memplan.estimate.activations.lanes import Lanes, Split, simulate_lanes
@@ -22,6 +22,8 @@ from memplan.model import load_model
 from memplan.recipe import Recipe
 
 BATCHES = (1, 2, 3, 8)
+SHAPES = ((1, 96), (2, 96), (3, 48), (8, 24))
+"""(micro-batch, local sequence) lanes: the sequence varies too (cp degrees 1, 2, 4)."""
 
 
 def _rows(points: list) -> list[tuple]:  # type: ignore[type-arg]
@@ -36,12 +38,13 @@ def _lanes_equal_each_batch(spec, r: Recipe, where: tuple) -> int:
         ctx, args, key = _recipe_args(spec, st, r, dtypes(r), {})
         layers = range(st.layers.start, min(st.layers.stop, st.layers.start + 3))
         own = []
-        for b in BATCHES:
-            g = stage_graph(spec, layers, replace(key[2], batch=b), **args)
+        for b, q in SHAPES:
+            g = stage_graph(spec, layers, replace(key[2], batch=b, seq=q), **args)
             own.append((_rows(simulate(g)), g.param_grad_bytes))
         try:
-            g = stage_graph(spec, layers, replace(key[2], batch=Lanes(BATCHES)), **args)
-            got = simulate_lanes(g, len(BATCHES))
+            g = stage_graph(spec, layers, replace(key[2], batch=Lanes(tuple(
+                b for b, _ in SHAPES)), seq=Lanes(tuple(q for _, q in SHAPES))), **args)
+            got = simulate_lanes(g, len(SHAPES))
         except Split:
             continue
         assert [(_rows(p), n) for p, n in got] == own, where
@@ -77,18 +80,20 @@ def test_moe_capacity_rounds_per_lane() -> None:
 
 def test_stage_points_with_lane_batches_equal_the_plain_simulation() -> None:
     """Through ``stage_points``' memo (short simulations, or with pp 4 whole stages, run in lanes
-    for ``LANE_BATCHES``): each micro-batch's points equal the memo-free simulation."""
+    for ``LANE_SHAPES``): each shape's points equal the memo-free simulation."""
     spec = load_model("meta-llama/Llama-3.2-1B")
-    memo: dict[object, object] = {LANE_BATCHES: BATCHES}
-    for pp, b, ck in itertools.product([1, 4], BATCHES, ["none", "full"]):
-        r = Recipe.of(gpus=pp, pp=pp, micro_batch=b, seq_len=128, checkpointing=ck)
+    shapes = tuple((b, 128 // cp) for b in (1, 2, 8) for cp in (1, 2))
+    memo: dict[object, object] = {LANE_SHAPES: {1: shapes}}
+    for pp, cp, b, ck in itertools.product([1, 4], [1, 2], [1, 2, 8], ["none", "full"]):
+        r = Recipe.of(gpus=pp * cp, pp=pp, cp=cp, micro_batch=b, seq_len=128, checkpointing=ck)
         for st in layout(spec, r):
             whole = stage_points(spec, st, r, dtypes(r))
             fast = stage_points(spec, st, r, dtypes(r), memo)
             assert _rows(fast[0]) == _rows(whole[0]) and fast[1] == whole[1], (pp, b, ck)
     for kind in ("short", "stage_points"):
-        keys = [k for k in memo if isinstance(k, tuple) and k[0] == kind]
-        assert {(k[3] if kind == "short" else k[2]).batch for k in keys} == set(BATCHES)
+        ctxs = [k[3] if kind == "short" else k[2] for k in memo
+                if isinstance(k, tuple) and k[0] == kind]
+        assert {(c.batch, c.seq) for c in ctxs} == set(shapes)
     assert "lane_splits" not in memo
 
 
@@ -110,12 +115,13 @@ def test_lanes_compute_each_lane_and_refuse_split_decisions() -> None:
 def test_stage_traffic_with_lane_batches_equals_each_micro_batch(model: str) -> None:
     """The two-layer traffic graphs run in lanes: each micro-batch's traffic, bit for bit."""
     spec = load_model(model)
-    memo: dict[object, object] = {LANE_BATCHES: BATCHES}
-    for b, ck, tp in itertools.product(BATCHES, ["none", "selective"], [1, 2]):
-        r = Recipe.of(gpus=tp, tp=tp, micro_batch=b, seq_len=96, checkpointing=ck,
+    memo: dict[object, object] = {LANE_SHAPES: {1: SHAPES, 2: SHAPES}}
+    for (b, q), ck, tp in itertools.product(SHAPES, ["none", "selective"], [1, 2]):
+        cp = 96 // q
+        r = Recipe.of(gpus=tp * cp, tp=tp, cp=cp, micro_batch=b, seq_len=96, checkpointing=ck,
                       sequence_parallel=tp > 1)
         st = layout(spec, r)[0]
         assert stage_traffic(spec, st, r, dtypes(r), memo) == stage_traffic(
             spec, st, r, dtypes(r)), (b, ck, tp)
     twos = [k for k in memo if isinstance(k, tuple) and k[0] == "two_layer_traffic"]
-    assert {k[2].batch for k in twos} == set(BATCHES) and "lane_splits" not in memo
+    assert {(k[2].batch, k[2].seq) for k in twos} == set(SHAPES) and "lane_splits" not in memo

@@ -28,7 +28,7 @@ from .lanes import Lanes, lane, simulate_lanes
 from .policy import host_checkpoint_bytes, policy_of
 from .traffic import Traffic, graph_traffic
 
-__all__ = ["Event", "Point", "Traffic", "LANE_BATCHES", "points_key", "stage_events", "stage_points",
+__all__ = ["Event", "Point", "Traffic", "LANE_SHAPES", "points_key", "stage_events", "stage_points",
            "stage_traffic",
            "cpu_checkpoint_bytes", "graph_attention", "held_bytes"]
 
@@ -305,27 +305,19 @@ def _two_layer(per_region: dict[str, Traffic], start: int) -> tuple[Traffic, Tra
 def _two_layer_runs(spec: ModelSpec, start: int, ctx: Ctx, args: dict[str, object],
                     memo: dict[object, object], key: Any) -> None:
     """``_two_layer`` of layers ``start, start + 1`` for ``ctx`` put in ``memo`` under
-    ``key(ctx)``; with the micro-batches of ``LANE_BATCHES`` not yet there, from one graph in
-    lanes (``graph_traffic`` adds each lane's sizes as it adds one batch's) unless it splits."""
-    ctxs = [ctx] + [c for c in (replace(ctx, batch=b) for b in memo.get(  # type: ignore
-        LANE_BATCHES, ()) if b != ctx.batch) if key(c) not in memo]
+    ``key(ctx)``, with the shapes of ``LANE_SHAPES`` in lanes (``_in_lanes``: ``graph_traffic``
+    adds each lane's sizes as it adds one micro-batch's)."""
     layers = range(start, start + 2)
-    runs = None
-    if len(ctxs) > 1:
-        try:
-            per = graph_traffic(stage_graph(spec, layers, replace(ctx, batch=Lanes(tuple(
-                c.batch for c in ctxs))), **args))  # type: ignore[arg-type]
-            runs = [{r: Traffic(eager_bytes=lane(t.eager_bytes, j),
-                                fused_bytes=lane(t.fused_bytes, j),
-                                eager_kernels=lane(t.eager_kernels, j),
-                                fused_kernels=lane(t.fused_kernels, j)) for r, t in per.items()}
-                    for j in range(len(ctxs))]
-        except Exception:  # noqa: BLE001  a size the lanes cannot carry: ctx alone, exactly
-            memo["lane_splits"] = memo.get("lane_splits", 0) + 1  # type: ignore[operator]
-            ctxs, runs = ctxs[:1], None
-    if runs is None:
-        runs = [graph_traffic(stage_graph(spec, layers, ctx, **args))]  # type: ignore[arg-type]
-    for c, per_region in zip(ctxs, runs):
+
+    def run(c: Ctx, k: int) -> list[dict[str, Traffic]]:
+        per = graph_traffic(stage_graph(spec, layers, c, **args))  # type: ignore[arg-type]
+        if not k:
+            return [per]
+        return [{r: Traffic(eager_bytes=lane(t.eager_bytes, j), fused_bytes=lane(
+            t.fused_bytes, j), eager_kernels=lane(t.eager_kernels, j), fused_kernels=lane(
+            t.fused_kernels, j)) for r, t in per.items()} for j in range(k)]
+
+    for c, per_region in _in_lanes(ctx, memo, key, run, args["tp"]):
         memo[key(c)] = _two_layer(per_region, start)
 
 
@@ -361,34 +353,48 @@ def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
         "stage_points", layers, c, acc, *args.values()), relabel=False)
 
 
-LANE_BATCHES = "lane_batches"
-"""``memo`` key of the micro-batches a caller will ask for (``memplan plan``: every micro-batch
-of its search): a simulation missing for one of them is run for all of them at once."""
+LANE_SHAPES = "lane_shapes"
+"""``memo`` key of the (micro-batch, local sequence) shapes a caller will ask for, per tp degree
+(``memplan plan``: those of its candidates): a simulation missing for one shape is run for all
+the shapes of its tp degree at once."""
+
+
+def _in_lanes(ctx: Ctx, memo: dict[object, object], key: Any, run: Any,
+              tp: Any) -> list[tuple[Ctx, Any]]:
+    """``(c, result)`` for ``ctx`` and each shape of ``LANE_SHAPES[tp]`` whose ``key`` is not in
+    ``memo``, from one ``run(lanes_ctx, k)`` (``lanes.py``: lane by lane what each shape's own
+    run gives; its ``k`` results in lane order); when the lanes split, again with the shapes of
+    ``ctx``'s sequence only, then ``run(ctx, 0)`` alone (a list of one result), as before."""
+    shapes = memo.get(LANE_SHAPES, {}).get(tp, ())  # type: ignore[attr-defined]
+    others = [c for c in (replace(ctx, batch=b, seq=q) for b, q in shapes
+                          if (b, q) != (ctx.batch, ctx.seq)) if key(c) not in memo]
+    for group in (others, [c for c in others if c.seq == ctx.seq]):
+        if not group:
+            continue
+        ctxs = [ctx] + group
+        bs, qs = tuple(c.batch for c in ctxs), tuple(c.seq for c in ctxs)
+        try:
+            return list(zip(ctxs, run(replace(
+                ctx, batch=Lanes(bs) if len(set(bs)) > 1 else ctx.batch,
+                seq=Lanes(qs) if len(set(qs)) > 1 else ctx.seq), len(ctxs))))
+        except Exception:  # noqa: BLE001  a size the lanes cannot carry: fewer lanes, exactly
+            memo["lane_splits"] = memo.get("lane_splits", 0) + 1  # type: ignore[operator]
+        if all(c.seq == ctx.seq for c in others):
+            break  # the second group is the first
+    return [(ctx, run(ctx, 0)[0])]
 
 
 def _lane_runs(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object], acc: bool,
                memo: dict[object, object], key: Any, relabel: bool) -> tuple[list[Point], int]:
     """The points of ``layers`` (``relabel``: from ``layer 0``) for ``ctx``, put in ``memo``
-    under ``key(ctx)``; with the micro-batches of ``LANE_BATCHES`` not yet there, from one graph
-    built and replayed in lanes (``lanes.py``: lane by lane what each micro-batch's own graph
-    gives), unless the lanes split (then ``ctx`` alone, as before)."""
-    ctxs = [ctx] + [c for c in (replace(ctx, batch=b) for b in memo.get(  # type: ignore
-        LANE_BATCHES, ()) if b != ctx.batch) if key(c) not in memo]
-    runs = None
-    if len(ctxs) > 1:
-        try:
-            g = stage_graph(spec, layers, replace(ctx, batch=Lanes(tuple(  # type: ignore
-                c.batch for c in ctxs))), **args)  # type: ignore[arg-type]
-            g.accumulate = acc
-            runs = simulate_lanes(g, len(ctxs))
-        except Exception:  # noqa: BLE001  a size the lanes cannot carry: ctx alone, exactly
-            memo["lane_splits"] = memo.get("lane_splits", 0) + 1  # type: ignore[operator]
-            ctxs, runs = ctxs[:1], None
-    if runs is None:
-        g = stage_graph(spec, layers, ctx, **args)  # type: ignore[arg-type]
+    under ``key(ctx)``, with the shapes of ``LANE_SHAPES`` in lanes (``_in_lanes``)."""
+
+    def run(c: Ctx, k: int) -> list[tuple[list[Point], int]]:
+        g = stage_graph(spec, layers, c, **args)  # type: ignore[arg-type]
         g.accumulate = acc
-        runs = [(simulate(g), g.param_grad_bytes)]
-    for c, (points, grads) in zip(ctxs, runs):
+        return simulate_lanes(g, k) if k else [(simulate(g), g.param_grad_bytes)]
+
+    for c, (points, grads) in _in_lanes(ctx, memo, key, run, args["tp"]):
         memo[key(c)] = ([Point(p.phase, _relabel(p.region, layers.start), p.saved, p.temp,
                                p.grads) for p in points] if relabel else points), grads
     return memo[key(ctx)]  # type: ignore[return-value]
