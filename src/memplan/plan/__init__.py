@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import ConfigError
+from ..estimate.activations import LANE_SHAPES
 from ..host import HostSetup
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
@@ -140,6 +141,15 @@ def _plan(spec: ModelSpec, base: Recipe, cluster: Cluster, *, fixed: frozenset[s
     candidates = list(space.recipes(spec))
     if not candidates:
         raise ConfigError([_empty_reason(spec, space)])
+    # the activation simulations of one context run for all these shapes at once (the local
+    # sequence of activations._context; prompt tuning's longer one only misses the lanes)
+    shapes: dict[int, set[tuple[int, int]]] = {}
+    for r in candidates:
+        shapes.setdefault(r.parallelism.tp, set()).add(
+            (r.batch.micro_batch, -(-r.batch.seq_len // r.parallelism.cp)))
+    old = ev.memo.get(LANE_SHAPES, {})
+    ev.memo[LANE_SHAPES] = {tp: tuple(sorted(v | set(old.get(tp, ()))))  # type: ignore
+                            for tp, v in shapes.items()}
     rows = []
     if workers > 1 and len(candidates) >= 500 and evaluator is None and can_fork():
         rows = list(evaluate_all(spec, cluster, setup, candidates, workers, progress))

@@ -24,10 +24,11 @@ from .compose import compose, short_lengths, signatures
 from .families import stage_graph
 from .events import Event, record
 from .graph import Graph, Point, simulate
+from .lanes import Lanes, lane, simulate_lanes
 from .policy import host_checkpoint_bytes, policy_of
 from .traffic import Traffic, graph_traffic
 
-__all__ = ["Event", "Point", "Traffic", "points_key", "stage_events", "stage_points",
+__all__ = ["Event", "Point", "Traffic", "LANE_SHAPES", "points_key", "stage_events", "stage_points",
            "stage_traffic",
            "cpu_checkpoint_bytes", "graph_attention", "held_bytes"]
 
@@ -279,15 +280,13 @@ def stage_traffic(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
         # the two-layer graph's sum and second layer: the same for every stage length and
         # position of these layers (its regions are the only thing the start changes)
         two = ("two_layer_traffic", sigs[layers.start], ctx, *args.values())
-        if memo is None or two not in memo:
-            start = layers.start
-            per_region = graph_traffic(stage_graph(spec, range(start, start + 2), ctx,
-                                                   **args))  # type: ignore[arg-type]
-            parts = (sum(per_region.values(), Traffic()),
-                     per_region.get(f"layer {start + 1}", Traffic()))
-            if memo is None:
-                return parts[0] + parts[1].scaled(len(layers) - 2)
-            memo[two] = parts
+        if memo is None:
+            parts = _two_layer(graph_traffic(stage_graph(spec, range(
+                layers.start, layers.start + 2), ctx, **args)), layers.start)  # type: ignore
+            return parts[0] + parts[1].scaled(len(layers) - 2)
+        if two not in memo:
+            _two_layer_runs(spec, layers.start, ctx, args, memo, lambda c: (
+                "two_layer_traffic", sigs[layers.start], c, *args.values()))
         whole, second = memo[two]  # type: ignore[misc]
         total = whole + second.scaled(len(layers) - 2)
     else:
@@ -296,6 +295,30 @@ def stage_traffic(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
     if memo is not None:
         memo[key] = total
     return total
+
+
+def _two_layer(per_region: dict[str, Traffic], start: int) -> tuple[Traffic, Traffic]:
+    """A two-layer graph's traffic in all, and its second layer's."""
+    return (sum(per_region.values(), Traffic()), per_region.get(f"layer {start + 1}", Traffic()))
+
+
+def _two_layer_runs(spec: ModelSpec, start: int, ctx: Ctx, args: dict[str, object],
+                    memo: dict[object, object], key: Any) -> None:
+    """``_two_layer`` of layers ``start, start + 1`` for ``ctx`` put in ``memo`` under
+    ``key(ctx)``, with the shapes of ``LANE_SHAPES`` in lanes (``_in_lanes``: ``graph_traffic``
+    adds each lane's sizes as it adds one micro-batch's)."""
+    layers = range(start, start + 2)
+
+    def run(c: Ctx, k: int) -> list[dict[str, Traffic]]:
+        per = graph_traffic(stage_graph(spec, layers, c, **args))  # type: ignore[arg-type]
+        if not k:
+            return [per]
+        return [{r: Traffic(eager_bytes=lane(t.eager_bytes, j), fused_bytes=lane(
+            t.fused_bytes, j), eager_kernels=lane(t.eager_kernels, j), fused_kernels=lane(
+            t.fused_kernels, j)) for r, t in per.items()} for j in range(k)]
+
+    for c, per_region in _in_lanes(ctx, memo, key, run, args["tp"]):
+        memo[key(c)] = _two_layer(per_region, start)
 
 
 def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
@@ -310,17 +333,14 @@ def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
     if args["train_from"] is None and period and len(layers) \
             and len({sig[i] for i in layers}) == 1:
 
-        def key(n: int) -> tuple[object, ...]:
-            return ("short", sig[start], n, ctx, acc, *args.values())
+        def key(n: int, c: Ctx = ctx) -> tuple[object, ...]:
+            return ("short", sig[start], n, c, acc, *args.values())
 
         def short(n: int) -> tuple[list[Point], int]:
             k = key(n)
             if k not in memo:
-                g = stage_graph(spec, range(start, start + n), ctx, **args)  # type: ignore[arg-type]
-                g.accumulate = acc
-                pts = [Point(p.phase, _relabel(p.region, start), p.saved, p.temp, p.grads)
-                       for p in simulate(g)]
-                memo[k] = pts, g.param_grad_bytes
+                _lane_runs(spec, range(start, start + n), ctx, args, acc, memo,
+                           lambda c: key(n, c), relabel=True)
             return memo[k]  # type: ignore[return-value]
 
         lengths = short_lengths(len(layers), period)
@@ -328,9 +348,56 @@ def _composed(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object],
             out = compose(short, start, len(layers), period)
             if out is not None:
                 return out
-    g = stage_graph(spec, layers, ctx, **args)  # type: ignore[arg-type]
-    g.accumulate = acc
-    return simulate(g), g.param_grad_bytes
+    # the whole stage, under stage_points' keys (its other micro-batches in lanes)
+    return _lane_runs(spec, layers, ctx, args, acc, memo, lambda c: (
+        "stage_points", layers, c, acc, *args.values()), relabel=False)
+
+
+LANE_SHAPES = "lane_shapes"
+"""``memo`` key of the (micro-batch, local sequence) shapes a caller will ask for, per tp degree
+(``memplan plan``: those of its candidates): a simulation missing for one shape is run for all
+the shapes of its tp degree at once."""
+
+
+def _in_lanes(ctx: Ctx, memo: dict[object, object], key: Any, run: Any,
+              tp: Any) -> list[tuple[Ctx, Any]]:
+    """``(c, result)`` for ``ctx`` and each shape of ``LANE_SHAPES[tp]`` whose ``key`` is not in
+    ``memo``, from one ``run(lanes_ctx, k)`` (``lanes.py``: lane by lane what each shape's own
+    run gives; its ``k`` results in lane order); when the lanes split, again with the shapes of
+    ``ctx``'s sequence only, then ``run(ctx, 0)`` alone (a list of one result), as before."""
+    shapes = memo.get(LANE_SHAPES, {}).get(tp, ())  # type: ignore[attr-defined]
+    others = [c for c in (replace(ctx, batch=b, seq=q) for b, q in shapes
+                          if (b, q) != (ctx.batch, ctx.seq)) if key(c) not in memo]
+    for group in (others, [c for c in others if c.seq == ctx.seq]):
+        if not group:
+            continue
+        ctxs = [ctx] + group
+        bs, qs = tuple(c.batch for c in ctxs), tuple(c.seq for c in ctxs)
+        try:
+            return list(zip(ctxs, run(replace(
+                ctx, batch=Lanes(bs) if len(set(bs)) > 1 else ctx.batch,
+                seq=Lanes(qs) if len(set(qs)) > 1 else ctx.seq), len(ctxs))))
+        except Exception:  # noqa: BLE001  a size the lanes cannot carry: fewer lanes, exactly
+            memo["lane_splits"] = memo.get("lane_splits", 0) + 1  # type: ignore[operator]
+        if all(c.seq == ctx.seq for c in others):
+            break  # the second group is the first
+    return [(ctx, run(ctx, 0)[0])]
+
+
+def _lane_runs(spec: ModelSpec, layers: range, ctx: Ctx, args: dict[str, object], acc: bool,
+               memo: dict[object, object], key: Any, relabel: bool) -> tuple[list[Point], int]:
+    """The points of ``layers`` (``relabel``: from ``layer 0``) for ``ctx``, put in ``memo``
+    under ``key(ctx)``, with the shapes of ``LANE_SHAPES`` in lanes (``_in_lanes``)."""
+
+    def run(c: Ctx, k: int) -> list[tuple[list[Point], int]]:
+        g = stage_graph(spec, layers, c, **args)  # type: ignore[arg-type]
+        g.accumulate = acc
+        return simulate_lanes(g, k) if k else [(simulate(g), g.param_grad_bytes)]
+
+    for c, (points, grads) in _in_lanes(ctx, memo, key, run, args["tp"]):
+        memo[key(c)] = ([Point(p.phase, _relabel(p.region, layers.start), p.saved, p.temp,
+                               p.grads) for p in points] if relabel else points), grads
+    return memo[key(ctx)]  # type: ignore[return-value]
 
 
 def _compose_pays(new_layers: int, length: int) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from . import peft_ops, quant_ops
 from .context import Ctx
 from .graph import Graph, Tensor
+from .lanes import to_int
 
 __all__ = ["Ctx", "Blocks"]
 
@@ -29,7 +30,7 @@ class Blocks:
         """The last (input, dropped input) of a q/k/v adapter (``peft_ops``, shared dropout)."""
 
     def new(self, numel: int, itemsize: int, grad: bool = True, keep: bool = False) -> Tensor:
-        return Tensor(int(numel) * itemsize, itemsize, grad, keep)
+        return Tensor(to_int(numel) * itemsize, itemsize, grad, keep)
 
     def frame_holds(self, *ts: Tensor) -> None:
         """The module whose forward wrote the last op returns after it: until then its frame
@@ -316,11 +317,11 @@ class Blocks:
         """A view of ``factor`` of ``x``'s elements (split, slice): no new storage. Ops that
         read it allocate outputs of the view's size; ``x`` must stay alive through another use
         (the simulator does not tie a view's lifetime to its base)."""
-        return Tensor(int(x.nbytes * factor) // x.itemsize * x.itemsize, x.itemsize, x.grad,
+        return Tensor(to_int(x.nbytes * factor) // x.itemsize * x.itemsize, x.itemsize, x.grad,
                       external=True)
 
     def copy(self, x: Tensor, factor: float) -> Tensor:
-        y = self.new(int(x.nbytes // x.itemsize * factor), x.itemsize, x.grad)
+        y = self.new(to_int(x.nbytes // x.itemsize * factor), x.itemsize, x.grad)
         self.g.op([x], (y,))
         return y
 

@@ -194,6 +194,9 @@ class _State:
         elif saved is not None:
             self.temp -= t.nbytes
 
+    def forward(self, ops: list[Op], phase: str, held: dict[Tensor, int], **kw: bool) -> None:
+        _run_forward(ops, self, phase, held, **kw)  # lanes._LaneState: marks per lane
+
     def mark(self, phase: str, region: str, extra_temp: int = 0) -> None:
         key = (phase, region)
         if key not in self.best:
@@ -217,12 +220,10 @@ def simulate(graph: Graph, st: _State | None = None) -> list[Point]:
     keepers: dict[Tensor, int] = {}
     get = keepers.get
     for op in ops:
-        if op.group < 0:
-            for t in op.saves:
-                keepers[t] = get(t, 0) + 1
-        if op.cached:
-            for t in op.outputs:
-                keepers[t] = get(t, 0) + 1
+        for t in op.saves if op.group < 0 else ():
+            keepers[t] = get(t, 0) + 1
+        for t in op.outputs if op.cached else ():
+            keepers[t] = get(t, 0) + 1
     # Inputs of a checkpointed group are saved by the checkpoint itself.
     group_inputs: dict[int, list[Tensor]] = {}
     made_in: dict[Tensor, int] = {}
@@ -243,7 +244,7 @@ def simulate(graph: Graph, st: _State | None = None) -> list[Point]:
         ops = _with_stashes(ops, group_inputs, graph.stash, keepers, stashes)
 
     # -- forward ---------------------------------------------------------------------------
-    _run_forward(ops, st, "forward", keepers, hold_kept=True)
+    st.forward(ops, "forward", keepers, hold_kept=True)
     for t in list(st.live):  # forward ends: autocast cache and outputs dropped
         if t.keep and not get(t):
             st.free(t)
@@ -325,8 +326,7 @@ def simulate(graph: Graph, st: _State | None = None) -> list[Point]:
                     st.free(t)
         if op.group >= 0 and op is group_ops[op.group][0]:
             for t in group_inputs.get(op.group, []):
-                n = remaining.get(t, 1) - 1
-                remaining[t] = n
+                n = remaining[t] = remaining.get(t, 1) - 1
                 if n <= 0:
                     st.free(t)
         if cast:
@@ -414,7 +414,6 @@ def _recompute(ops: list[Op], st: _State, remaining: dict[Tensor, int]) -> None:
     for op in ops:
         for t in op.saves:
             remaining[t] = remaining.get(t, 0) + 1
-        if op.cached:
-            for t in op.outputs:
-                remaining[t] = remaining.get(t, 0) - 1
-    _run_forward(ops, st, "backward", remaining, hold_kept=False)
+        for t in op.outputs if op.cached else ():
+            remaining[t] = remaining.get(t, 0) - 1
+    st.forward(ops, "backward", remaining, hold_kept=False)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from ...results.traffic import Traffic
 from .graph import Graph, Op, Tensor
+from .lanes import to_float
 
 __all__ = ["Traffic", "graph_traffic"]
 
@@ -64,7 +65,7 @@ def _eager(op: Op, io: list[Tensor] | None = None, saves: list[Tensor] | None = 
         bb = (sum(t.nbytes for t in op.outputs if t.grad)
               + sum(t.nbytes for t in (saves if saves is not None else _unique(op.saves)))
               + sum(t.nbytes for t in op.grad_inputs) + sum(b for b, _ in op.param_grads))
-    return float(fb), fk, bb, bk
+    return to_float(fb), fk, bb, bk  # lane by lane in a lanes graph (lanes.py)
 
 
 def _chains(ops: list[Op]) -> tuple[dict[int, int], int]:
