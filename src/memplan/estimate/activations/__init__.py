@@ -24,7 +24,7 @@ from .compose import compose, short_lengths, signatures
 from .families import stage_graph
 from .events import Event, record
 from .graph import Graph, Point, simulate
-from .lanes import Lanes, lane, simulate_lanes
+from .lanes import Lanes, Split, lane, simulate_lanes
 from .policy import host_checkpoint_bytes, policy_of
 from .traffic import Traffic, graph_traffic
 
@@ -377,7 +377,9 @@ def _in_lanes(ctx: Ctx, memo: dict[object, object], key: Any, run: Any,
             return list(zip(ctxs, run(replace(
                 ctx, batch=Lanes(bs) if len(set(bs)) > 1 else ctx.batch,
                 seq=Lanes(qs) if len(set(qs)) > 1 else ctx.seq), len(ctxs))))
-        except Exception:  # noqa: BLE001  a size the lanes cannot carry: fewer lanes, exactly
+        except (Split, TypeError):  # a size the lanes cannot carry (TypeError: an operation
+            # Lanes does not define, hashing included): fewer lanes, exactly; any other error
+            # is a bug and is raised
             memo["lane_splits"] = memo.get("lane_splits", 0) + 1  # type: ignore[operator]
         if all(c.seq == ctx.seq for c in others):
             break  # the second group is the first
