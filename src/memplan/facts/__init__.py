@@ -12,7 +12,9 @@ the optimizer table (states, their layout, step temporaries per implementation).
 
 Both mixed conventions cost 16 bytes per trainable parameter with Adam; they differ only in
 which category holds the bytes. ``grad_dtype = "fp32"`` gives fp32 gradient buffers for 16-bit
-parameters (Megatron's ``main_grad``, 18 B/param with Adam).
+parameters (Megatron's ``main_grad``, 18 B/param with Adam). PEFT adapters are held as the
+engine leaves them (``adapter_dtypes``: fp32 from PEFT, 16-bit with an fp32 master where
+DeepSpeed ZeRO-1/2 casts the module).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from typing import Any
 from ..errors import ConfigError, did_you_mean
 from ..recipe import Recipe
 
-__all__ = ["Dtypes", "dtypes", "adapter_dtypes", "state_dtypes", "OptimizerFacts", "optimizer_facts", "optimizer_table"]
+__all__ = ["Dtypes", "dtypes", "adapter_dtypes", "state_dtypes", "OptimizerFacts",
+           "optimizer_facts", "optimizer_table"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
