@@ -15,6 +15,7 @@ from ..recipe import Checkpointing, Offload, Parallelism, Recipe
 from ..recipe.engine import Engine
 from ..results import ModelInfo
 from .checks import check_compatible
+from .parts_memo import kept_by_parts
 from .layout import Stage, layout
 from .model_states import model_state_items
 from .overhead import fragmentation_item, nccl_items, overhead_items
@@ -61,12 +62,9 @@ def trainable_params(model: ModelSpec, recipe: Recipe,
     """
     if memo is None:
         return _count_trainable(model, recipe, None)
-    key = ("trainable", recipe.precision, recipe.optimizer, recipe.method, recipe.batch,
-           recipe.loss, recipe.platform, recipe.loop)
-    got = memo.get(key)
-    if got is None:
-        got = memo[key] = _count_trainable(model, recipe, memo)
-    return got  # type: ignore[return-value]
+    return kept_by_parts(memo, "trainable", (
+        recipe.precision, recipe.optimizer, recipe.method, recipe.batch, recipe.loss,
+        recipe.platform, recipe.loop), lambda: _count_trainable(model, recipe, memo))
 
 
 def _count_trainable(model: ModelSpec, recipe: Recipe, memo: dict[object, object] | None) -> int:
@@ -112,6 +110,25 @@ def _states(stage: Stage, recipe: Recipe, dt: Dtypes,
     if got is None:
         got = memo[key] = model_state_items(stage, recipe, dt)
     return list(got)  # type: ignore[call-overload]
+
+
+def _fixed_lines(stage: Stage, recipe: Recipe, device: Device, dt: Dtypes,
+                 memo: dict[object, object] | None) -> list[Line]:
+    """``overhead_items``, ``nccl_items`` and ``_step_lines`` of ``stage``, in that order;
+    ``memo``: kept under what they read (``dt`` is ``dtypes(recipe)``: precision, engine,
+    parallelism; the device is the memo's one): the stage (index, and ``layout``'s key within
+    method and parallelism), parallelism, offload, method, engine, precision, optimizer,
+    platform and batch (``kept_by_parts``). Not checkpointing, loss or loop: the candidates
+    that differ only there share them."""
+    on_cpu = recipe.platform.device == "cpu"
+    if memo is None:
+        return (overhead_items(device, on_cpu) + nccl_items(recipe, stage.index)
+                + _step_lines(stage, recipe, dt))
+    return kept_by_parts(memo, ("fixed_lines", stage.index), (
+        recipe.parallelism, recipe.offload, recipe.method, recipe.engine, recipe.precision,
+        recipe.optimizer, recipe.platform, recipe.batch), lambda: (
+            overhead_items(device, on_cpu) + nccl_items(recipe, stage.index)
+            + _step_lines(stage, recipe, dt)))
 
 
 def _step_lines(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
@@ -199,11 +216,9 @@ def _stage_parts(model: ModelSpec, stage: Stage, recipe: Recipe, device: Device,
     """What one rank of ``stage`` is made of: the phase-long lines, the activation instants,
     the load moments, and the lines outside the allocated pool (before the allocator slack,
     which depends on the peak)."""
-    on_cpu = recipe.platform.device == "cpu"
     states = _states(stage, recipe, dt, memo)
     lines = states + loop_lines(model, stage, recipe, dt, states)
-    lines += overhead_items(device, on_cpu)
-    lines += nccl_items(recipe, stage.index) + _step_lines(stage, recipe, dt)
+    lines += _fixed_lines(stage, recipe, device, dt, memo)
     instants = _instants(model, stage, recipe, dt, memo)
     persistent = any(ln.item.category == Category.GRADIENTS and Phase.FORWARD in ln.phases
                      for ln in states)
