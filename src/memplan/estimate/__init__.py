@@ -15,7 +15,7 @@ from ..recipe import Checkpointing, Offload, Parallelism, Recipe
 from ..recipe.engine import Engine
 from ..results import ModelInfo
 from .checks import check_compatible
-from .parts_memo import kept_by_parts
+from ..recipe.memo import kept_by_parts
 from .layout import Stage, layout
 from .model_states import model_state_items
 from .overhead import fragmentation_item, nccl_items, overhead_items
@@ -28,7 +28,7 @@ from .fsdp2_units import fsdp2_instants, fsdp2_per_moment
 from .load import load_moments
 from .loop import loop_lines
 from .optimizer_step import optimizer_step_items
-from .timeline import Instant, moments, peak_allocated
+from .timeline import Instant, LineSums, line_sums, moments, peak_allocated
 from .warnings import recipe_warnings
 from .zero3_live import zero3_instants, zero3_live_applies
 from ..facts import Dtypes, dtypes
@@ -109,17 +109,15 @@ def _states(stage: Stage, recipe: Recipe, dt: Dtypes,
     got = memo.get(key)
     if got is None:
         got = memo[key] = model_state_items(stage, recipe, dt)
-    return list(got)  # type: ignore[call-overload]
+    return got  # type: ignore[return-value]  # shared: read only
 
 
 def _fixed_lines(stage: Stage, recipe: Recipe, device: Device, dt: Dtypes,
                  memo: dict[object, object] | None) -> list[Line]:
     """``overhead_items``, ``nccl_items`` and ``_step_lines`` of ``stage``, in that order;
-    ``memo``: kept under what they read (``dt`` is ``dtypes(recipe)``: precision, engine,
-    parallelism; the device is the memo's one): the stage (index, and ``layout``'s key within
-    method and parallelism), parallelism, offload, method, engine, precision, optimizer,
-    platform and batch (``kept_by_parts``). Not checkpointing, loss or loop: the candidates
-    that differ only there share them."""
+    ``memo``: kept by what they read (``kept_by_parts``; ``dt``: precision, engine, parallelism;
+    the memo's device): the stage's index (``layout``: method, parallelism), parallelism,
+    offload, method, engine, precision, optimizer, platform, batch; not checkpointing, loss."""
     on_cpu = recipe.platform.device == "cpu"
     if memo is None:
         return (overhead_items(device, on_cpu) + nccl_items(recipe, stage.index)
@@ -212,13 +210,17 @@ def inflight_microbatches(pp: int, stage: int, virtual: int, microbatches: int) 
 
 def _stage_parts(model: ModelSpec, stage: Stage, recipe: Recipe, device: Device, dt: Dtypes,
                  memo: dict[object, object] | None, load: str
-                 ) -> tuple[list[Line], list[Instant], tuple[Moment, ...], list[Item]]:
+                 ) -> tuple[list[Line], list[Instant], tuple[Moment, ...], list[Item],
+                            tuple[LineSums, ...]]:
     """What one rank of ``stage`` is made of: the phase-long lines, the activation instants,
-    the load moments, and the lines outside the allocated pool (before the allocator slack,
-    which depends on the peak)."""
+    the load moments, the lines outside the allocated pool (before the allocator slack,
+    which depends on the peak), and the ``line_sums`` of the lines' groups (states, loop,
+    fixed: the memo's shared groups summed once)."""
     states = _states(stage, recipe, dt, memo)
-    lines = states + loop_lines(model, stage, recipe, dt, states)
-    lines += _fixed_lines(stage, recipe, device, dt, memo)
+    loop = loop_lines(model, stage, recipe, dt, states)
+    fixed = _fixed_lines(stage, recipe, device, dt, memo)
+    lines = states + loop + fixed
+    groups = (_summed(states, memo), line_sums(loop), _summed(fixed, memo))
     instants = _instants(model, stage, recipe, dt, memo)
     persistent = any(ln.item.category == Category.GRADIENTS and Phase.FORWARD in ln.phases
                      for ln in states)
@@ -240,10 +242,17 @@ def _stage_parts(model: ModelSpec, stage: Stage, recipe: Recipe, device: Device,
                                else "torchtune activation offloading)"),
                             formula="checkpointed layers x layer input (/ tp when "
                             "partitioned) x micro-batches in flight"))
-    return lines, instants, init, outside
+    return lines, instants, init, outside, groups
 
 
-StageParts = tuple[Stage, list[Line], list[Instant], tuple[Moment, ...], list[Item]]
+def _summed(group: list[Line], memo: dict[object, object] | None) -> LineSums:
+    """``line_sums(group)``, kept by the group's identity (a list the memo holds)."""
+    return line_sums(group) if memo is None else kept_by_parts(
+        memo, "line_sums", (group,), lambda: line_sums(group))
+
+
+StageParts = tuple[Stage, list[Line], list[Instant], tuple[Moment, ...], list[Item],
+                   tuple[LineSums, ...]]
 """A stage, and ``_stage_parts`` of one rank of it (read only: shared by the callers)."""
 
 
@@ -293,7 +302,7 @@ def _ranks(model: ModelSpec, recipe: Recipe, device: Device,
                       for stage in layout(model, recipe, memo))
     ranks = []
     per_stage = recipe.parallelism.gpus // recipe.parallelism.pp
-    for stage, lines, instants, init, outside in parts:
+    for stage, lines, instants, init, outside, _ in parts:
         timeline = init + moments(lines, instants)
         slack = _slack(model, stage, lines, recipe, max(m.allocated_bytes for m in timeline),
                        allocator)
@@ -321,8 +330,8 @@ def rank_totals(model: ModelSpec, recipe: Recipe, device: Device, *,
     if parts is None:
         parts = stage_parts(model, recipe, device, memo=memo, load=load)
     out = []
-    for stage, lines, instants, init, outside in parts:
-        peak = max(max(m.allocated_bytes for m in init), peak_allocated(lines, instants))
+    for stage, lines, instants, init, outside, groups in parts:
+        peak = max(max(m.allocated_bytes for m in init), peak_allocated(lines, instants, groups))
         slack = _slack(model, stage, lines, recipe, peak, allocator)
         beside = [*outside, slack] if slack is not None else outside
         out.append((_role(stage, recipe), peak + sum(

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from ..breakdown import ALL_PHASES, Item, Moment, Phase, Pool, Step
 from .lines import Line
 
-__all__ = ["Instant", "moments", "peak_allocated"]
+__all__ = ["Instant", "LineSums", "line_sums", "moments", "peak_allocated"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,16 +63,20 @@ def _static(lines: Iterable[Line], step: Step, phase: Phase,
     return tuple(out)
 
 
-def peak_allocated(lines: Sequence[Line], instants: Sequence[Instant] = ()) -> int:
-    """``max(m.allocated_bytes for m in moments(lines, instants))`` without building the
-    moments: per (step, phase) the live lines' bytes, with a growing line at
-    ``round(bytes x progress)`` as ``_static`` writes it, plus each instant's own bytes. The
-    live lines' bytes of every (step, phase) are summed in one pass over the lines (integers:
-    the same sums as ``_live`` filtered per phase); the optimizer in backward (``stepping``
-    lines) takes ``_peak_stepping``."""
-    by_phase: dict[Phase, list[Instant]] = {p: [] for p in ALL_PHASES}
-    for inst in instants:
-        by_phase.setdefault(inst.phase, []).append(inst)
+@dataclass(frozen=True, slots=True)
+class LineSums:
+    """What a group of lines adds to each (step, phase) of ``peak_allocated``: the live lines'
+    bytes, and the bytes of its growing lines (the gradients) in the backward."""
+
+    sums: dict[Step, dict[Phase, int]]
+    growing: dict[Step, tuple[int, ...]]
+    stepping: bool
+    """A line of the optimizer in backward is among them (``_peak_stepping``'s case)."""
+
+
+def line_sums(lines: Iterable[Line]) -> LineSums:
+    """The per-(step, phase) sums of ``lines`` in one pass: integers, so the sums of a list's
+    groups add up to the list's own."""
     sums = {Step.FIRST: dict.fromkeys(ALL_PHASES, 0), Step.STEADY: dict.fromkeys(ALL_PHASES, 0)}
     first, steady = sums[Step.FIRST], sums[Step.STEADY]
     growing: dict[Step, list[int]] = {Step.FIRST: [], Step.STEADY: []}
@@ -82,7 +86,7 @@ def peak_allocated(lines: Sequence[Line], instants: Sequence[Instant] = ()) -> i
         if item.pool != allocated:
             continue
         if ln.stepping and bwd in ln.phases:
-            return _peak_stepping(lines, by_phase)
+            return LineSums(sums=sums, growing={}, stepping=True)
         b = item.bytes
         for ph in ln.phases:
             if ph not in steady:
@@ -95,12 +99,31 @@ def peak_allocated(lines: Sequence[Line], instants: Sequence[Instant] = ()) -> i
                 growing[Step.STEADY].append(b)
                 if in_first:
                     growing[Step.FIRST].append(b)
+    return LineSums(sums=sums, growing={k: tuple(v) for k, v in growing.items()},
+                    stepping=False)
+
+
+def peak_allocated(lines: Sequence[Line], instants: Sequence[Instant] = (),
+                   groups: Sequence[LineSums] | None = None) -> int:
+    """``max(m.allocated_bytes for m in moments(lines, instants))`` without building the
+    moments: per (step, phase) the live lines' bytes, with a growing line at
+    ``round(bytes x progress)`` as ``_static`` writes it, plus each instant's own bytes. The
+    live lines' bytes of every (step, phase) are summed in one pass over the lines
+    (``line_sums``; ``groups``: those of consecutive groups making up ``lines``, when already
+    summed); the optimizer in backward (``stepping`` lines) takes ``_peak_stepping``."""
+    by_phase: dict[Phase, list[Instant]] = {p: [] for p in ALL_PHASES}
+    for inst in instants:
+        by_phase.setdefault(inst.phase, []).append(inst)
+    groups = groups if groups is not None else (line_sums(lines),)
+    if any(g.stepping for g in groups):
+        return _peak_stepping(lines, by_phase)
+    bwd = Phase.BACKWARD
     totals = []
     for step in (Step.FIRST, Step.STEADY):
+        grow = [b for g in groups for b in g.growing[step]]
         for phase in ALL_PHASES:
-            mine = by_phase[phase]
-            whole = sums[step][phase]
-            totals.append(_phase_peak(whole, growing[step] if phase == bwd else [], mine))
+            whole = sum(g.sums[step][phase] for g in groups)
+            totals.append(_phase_peak(whole, grow if phase == bwd else [], by_phase[phase]))
     return max(totals)
 
 

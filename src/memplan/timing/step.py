@@ -53,6 +53,7 @@ from ..recipe.host import HostSetup
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
 from ..units import dtype_bytes
+from ..recipe.memo import kept_by_parts
 from ..recipe.stages import stages_of
 from ..results import ResourceTime, TimeEstimate
 from ..results.time import validation_band
@@ -247,7 +248,13 @@ def clock(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
                            f"{device.name}: rerun `memplan calibrate --gpu {device.name}` on "
                            "that GPU, or drop --calibration."])
     peak = peak_t * 1e12
-    rates = _rates(model, recipe, device, hw, setup, cal, peak, key, memo)
+    # _rates reads these parts (dtypes: precision, engine, parallelism; recompute_inputs:
+    # checkpointing, attention; fused_kernels: compile) and the hardware; peak and key follow
+    rates = (_rates(model, recipe, device, hw, setup, cal, peak, key, memo) if memo is None
+             else kept_by_parts(memo, "rates", (
+                 recipe.precision, recipe.engine, recipe.parallelism, recipe.batch,
+                 recipe.checkpointing, recipe.platform, device, hw, setup, cal),
+                 lambda: _rates(model, recipe, device, hw, setup, cal, peak, key, memo)))
     par = recipe.parallelism
     tp, pp, cp = par.tp, par.pp, par.cp
     m, v = recipe.batch.grad_accum, par.pp_virtual

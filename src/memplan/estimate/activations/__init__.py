@@ -21,7 +21,7 @@ from ..peft import LORA_LIKE, adapted_roles
 from ...model.peft_targets import ia3_roles, ln_tuning_leaves
 from .blocks import Ctx
 from .context import kept
-from ..parts_memo import kept_by_parts
+from ...recipe.memo import kept_by_parts
 from .compose import compose, short_lengths, signatures
 from .families import stage_graph
 from .events import Event, record
