@@ -7,7 +7,7 @@ from ..facts import state_dtypes
 from ..model.spec import LORA_TARGETS, ModelSpec
 from ..recipe import Parallelism, Recipe
 from ..recipe.engine import fsdp1_mixes
-from .peft import LORA_LIKE, peft_problems
+from .peft import FROZEN_BASE, LORA_LIKE, peft_problems
 
 __all__ = ["check_compatible"]
 
@@ -41,6 +41,7 @@ def check_compatible(model: ModelSpec, recipe: Recipe) -> None:
                   f"Use a divisor of {experts}.")
     peft_problems(model, recipe, p)
     _fsdp1_flat_dtype(recipe, p)
+    _deepspeed_adapter_dtype(recipe, p)
     graph = model.traits.graph if model.traits is not None else None
     if recipe.method.kind in ("prompt-tuning", "prefix-tuning") and graph not in (
             "decoder", "ln_decoder") and not (recipe.method.kind == "prompt-tuning"
@@ -141,7 +142,7 @@ def _fsdp1_flat_dtype(recipe: Recipe, p: Problems) -> None:
     if str(recipe.engine_kind) != "fsdp1" or kind not in LORA_LIKE + ("ia3",) \
             or not fsdp1_mixes(kind, str(recipe.engine.fsdp1_wrap)):
         return
-    frozen, adapter = state_dtypes(recipe).frozen, str(recipe.method.adapter_dtype)
+    frozen, adapter = state_dtypes(recipe).frozen, state_dtypes(recipe).adapter
     if frozen != adapter:
         p.add(f"engine=fsdp1 with fsdp1_wrap={recipe.engine.fsdp1_wrap} puts method={kind}'s "
               f"{adapter} adapters in one flat parameter with the {frozen} frozen base, which "
@@ -149,3 +150,21 @@ def _fsdp1_flat_dtype(recipe: Recipe, p: Problems) -> None:
               f"adapter_dtype={frozen} (or frozen_dtype to match)"
               + (", or fsdp1_wrap=peft (adapters in units of their own)."
                  if not fsdp1_mixes(kind, "peft") else "."))
+
+
+def _deepspeed_adapter_dtype(recipe: Recipe, p: Problems) -> None:
+    """DeepSpeed ZeRO-1/2 with a 16-bit config casts every parameter of the module, PEFT's
+    adapters included, to that dtype (``facts.adapter_dtypes`` cites the engine's lines), so
+    an ``adapter_dtype`` given otherwise describes no run DeepSpeed makes."""
+    given, kind = str(recipe.method.adapter_dtype), str(recipe.method.kind)
+    if given == "auto" or kind not in FROZEN_BASE or str(recipe.engine_kind) != "deepspeed" \
+            or recipe.parallelism.zero not in (1, 2):
+        return
+    held = state_dtypes(recipe).adapter
+    if held != given:
+        p.add(f"adapter_dtype={given} with engine=deepspeed, zero={recipe.parallelism.zero} and "
+              f"precision={recipe.precision.kind}: DeepSpeed casts every parameter of the "
+              f"module to {held} when it wraps it (engine.py _configure_distributed_model), "
+              f"PEFT's adapters included, and keeps their fp32 master in the ZeRO optimizer. "
+              f"Leave adapter_dtype unset (auto: {held} with an fp32 master) or set "
+              f"adapter_dtype={held}.")

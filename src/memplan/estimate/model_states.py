@@ -51,6 +51,18 @@ _ADAPTER_NAME = {"lora": "LoRA adapters", "qlora": "LoRA adapters", "dora": "DoR
                  "prefix-tuning": "prefix embedding", "adapter": "adapter parameters"}
 
 
+def _cast_note(recipe: Recipe, dt: Dtypes) -> str:
+    """Said beside the adapters when DeepSpeed, not the recipe, set their dtype
+    (``adapter_dtype = auto``; ``facts.adapter_dtypes``)."""
+    if str(recipe.method.adapter_dtype) != "auto" or str(recipe.engine_kind) != "deepspeed" \
+            or recipe.parallelism.zero == 0 or dt.compute == "fp32":
+        return ""
+    if dt.adapter != "fp32":
+        return ", cast by DeepSpeed; adapter_dtype=auto"
+    return ", PEFT's, kept under zero.Init; adapter_dtype=auto" if recipe.parallelism.zero == 3 \
+        else ""
+
+
 def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
     """Lines for one rank of ``stage``. Reads of ``recipe`` only parallelism, offload,
     method, engine, precision, optimizer, loop and whether ``batch.grad_accum > 1``: the
@@ -83,16 +95,16 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
     pb, fb = dtype_bytes(dt.param), dtype_bytes(dt.frozen)
     add(Category.PARAMS, f"trainable parameters ({dt.param})", [(h, h.numel * pb) for h in base],
         shard=z == 3, pool=param_pool, formula=f"trainable elements x {pb:g} B")
-    ab = dtype_bytes(recipe.method.adapter_dtype)
+    ab = dtype_bytes(dt.adapter)
     add(Category.PARAMS, f"{_ADAPTER_NAME.get(recipe.method.kind, 'PEFT adapters')} "
-        f"({recipe.method.adapter_dtype})",
+        f"({dt.adapter}{_cast_note(recipe, dt)})",
         [(h, h.numel * ab) for h in adapters], shard=z == 3, pool=param_pool,
         formula=(f"r x (in + out) per adapted linear x {ab:g} B (Hu et al. 2021)"
                  if recipe.method.kind in ("lora", "qlora")
                  else f"trained adapter elements (estimate/peft.py) x {ab:g} B"))
     add(Category.PARAMS, f"frozen parameters ({dt.frozen})", [(h, h.numel * fb) for h in frozen],
         shard=z == 3, pool=param_pool, formula=f"frozen elements x {fb:g} B")
-    add(Category.PARAMS, f"frozen adapter tensors ({recipe.method.adapter_dtype})",
+    add(Category.PARAMS, f"frozen adapter tensors ({dt.adapter})",
         [(h, h.numel * ab) for h in frozen_adapters], shard=z == 3, pool=param_pool,
         formula=f"LoRA-FA's lora_A, VeRA's shared vera_A/vera_B x {ab:g} B")
     add(Category.PARAMS, f"quantized base ({recipe.method.quant})",
@@ -104,7 +116,8 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
         limit = recipe.engine.stage3_param_persistence_threshold
         small = [h for h in stage.held if not h.quantized and h.numel <= limit]
         add(Category.PARAMS, "ZeRO-3 persistent parameters (kept gathered)",
-            [(h, h.numel * (pb if h.trainable else fb)) for h in small], shard=False,
+            [(h, h.numel * (ab if h.adapter else pb if h.trainable else fb)) for h in small],
+            shard=False,
             formula=f"DeepSpeed keeps every parameter of <= {limit:,} elements "
             "(stage3_param_persistence_threshold) gathered on each rank beside its partition "
             "(deepspeed/runtime/zero/parameter_offload.py mark_persistent_parameters, 0.19.8)")
@@ -212,7 +225,7 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
     # the first step() (torch/optim/adam.py _init_group); DeepSpeed builds them at init
     # (stage_1_and_2.py / stage3.py initialize_optimizer_states).
     torch_opt = z == 0 or str(recipe.engine_kind) in ("fsdp1", "fsdp2", "torchtitan")
-    adapter_state = "fp32" if dt.state == "fp32" else recipe.method.adapter_dtype
+    adapter_state = "fp32" if dt.state == "fp32" else dt.adapter
     # bitsandbytes' paged optimizers keep their states in CUDA managed memory (functional.py
     # get_paged: cget_managed_ptr, cudaMallocManaged): on the GPU while resident, outside
     # torch's caching allocator, so nvidia-smi sees them and torch's counters do not
@@ -231,6 +244,13 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
         add(Category.OPTIMIZER, "fp32 master weights", [(h, h.numel * 4.0) for h in base],
             shard=z >= 1, pool=state_pool,
             formula="4 B per trainable element (ZeRO paper, Rajbhandari et al. 2020, §3)")
+    if dt.adapter_master:
+        add(Category.OPTIMIZER, "fp32 master of the adapters", [(h, h.numel * 4.0)
+                                                                 for h in adapters],
+            shard=True, pool=state_pool,
+            formula="4 B per trainable adapter element: DeepSpeed's ZeRO optimizer clones "
+            "every trainable parameter to fp32, PEFT's adapters as well "
+            "(facts.adapter_dtypes)")
 
     items += deepspeed_buffer_lines(recipe, dt, trainable,
                                     _sum([(h, float(h.numel)) for h in trainable], recipe, True))
@@ -313,12 +333,15 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
                 out.append(_line(
                     category=Category.COMMUNICATION, name="ZeRO reduce bucket",
                     bytes=math.ceil(n * gb), phases=(B,), formula=how))
-            p_numel = sum(h.numel for h in stage.held)
+            # the optimizer's 16-bit groups hold the trainable parameters only (a PEFT
+            # method's frozen base is not in them): all_gather_dp_groups(partitioned_param_
+            # groups=self.parallel_partitioned_bit16_groups), stage_1_and_2.py step, 0.19.8;
+            # measured: the ZeRO-2 LoRA case of validation/dist_nproc2.json
             out.append(_line(
                 category=Category.COMMUNICATION, name="ZeRO all-gather bucket",
-                bytes=math.ceil(min(eng.allgather_bucket_size, p_numel) * cb), phases=(O,),
+                bytes=math.ceil(min(eng.allgather_bucket_size, t_numel) * cb), phases=(O,),
                 formula=f"allgather_bucket_size = {eng.allgather_bucket_size:.3g} elements for "
-                "the updated parameters (DeepSpeed all_gather_dp_groups)"))
+                "the updated trainable parameters (DeepSpeed all_gather_dp_groups)"))
     return out
 
 

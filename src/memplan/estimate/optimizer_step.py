@@ -72,7 +72,7 @@ def optimizer_step_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]
     elif impl.startswith("foreach") and facts.foreach_copy:
         # one list entry per state tensor, in its own dtype (torch allocates states like the
         # parameter: fp32 adapters beside bf16 modules_to_save give an fp32 and a bf16 group)
-        adapter_sb = dtype_bytes("fp32" if dt.state == "fp32" else recipe.method.adapter_dtype)
+        adapter_sb = dtype_bytes("fp32" if dt.state == "fp32" else dt.adapter)
         n = sum(h.numel * (adapter_sb if h.adapter else sb) for h in trainable) // shard
         out.append(Item(category=Category.TEMPORARY, name="foreach Adam sqrt(exp_avg_sq) copy",
                         bytes=int(n),

@@ -12,7 +12,9 @@ the optimizer table (states, their layout, step temporaries per implementation).
 
 Both mixed conventions cost 16 bytes per trainable parameter with Adam; they differ only in
 which category holds the bytes. ``grad_dtype = "fp32"`` gives fp32 gradient buffers for 16-bit
-parameters (Megatron's ``main_grad``, 18 B/param with Adam).
+parameters (Megatron's ``main_grad``, 18 B/param with Adam). PEFT adapters are held as the
+engine leaves them (``adapter_dtypes``: fp32 from PEFT, 16-bit with an fp32 master where
+DeepSpeed ZeRO-1/2 casts the module).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from typing import Any
 from ..errors import ConfigError, did_you_mean
 from ..recipe import Recipe
 
-__all__ = ["Dtypes", "dtypes", "state_dtypes", "OptimizerFacts", "optimizer_facts", "optimizer_table"]
+__all__ = ["Dtypes", "dtypes", "adapter_dtypes", "state_dtypes", "OptimizerFacts",
+           "optimizer_facts", "optimizer_table"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,6 +48,11 @@ class Dtypes:
     """Storage of frozen (non-quantized) parameters."""
     compute: str
     """dtype of matmuls and activations."""
+    adapter: str = "fp32"
+    """Storage of PEFT adapter weights (``Method.adapter_dtype`` with ``auto`` resolved for
+    the engine: ``adapter_dtypes``)."""
+    adapter_master: bool = False
+    """The trainable adapters get a separate fp32 master copy (DeepSpeed's ZeRO optimizer)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -130,7 +138,44 @@ def dtypes(recipe: Recipe) -> Dtypes:
         d = replace(d, grad="fp32")
     if recipe.precision.frozen_dtype == "fp32":
         d = replace(d, frozen="fp32")
-    return d
+    adapter, master = adapter_dtypes(recipe, d)
+    return replace(d, adapter=adapter, adapter_master=master)
+
+
+def adapter_dtypes(recipe: Recipe, d: Dtypes) -> tuple[str, bool]:
+    """The storage dtype of PEFT adapters and whether the optimizer keeps an fp32 master of
+    them, under the recipe's engine and the model-state dtypes ``d``.
+
+    - Every engine but DeepSpeed steps the adapters as PEFT leaves them: ``adapter_dtype``,
+      ``auto`` = fp32 (PEFT ``autocast_adapter_dtype=True`` upcasts 16-bit adapters, peft
+      0.21.2 ``tuners/tuners_utils.py``), no master.
+    - DeepSpeed with a 16-bit config (the ``"1+"`` rows: 16-bit parameters beside an fp32
+      master) casts every floating parameter of the module to that dtype when it wraps it
+      (``engine.py`` ``_configure_distributed_model``: v0.12.3 ``self.module.bfloat16()`` /
+      ``.half()``; 0.19.8 ``_cast_module_mixed_precision``, ``p.data = p.data.to(
+      param_dtype)``), PEFT's fp32 adapters included, and its ZeRO optimizer then keeps an fp32
+      clone of the trainable ones (``stage_1_and_2.py`` ``single_partition_of_fp32_groups``,
+      ``stage3.py`` ``_create_fp32_partitions``).
+    - ZeRO-3 is modelled with ``zero.Init`` (as ``estimate/load.py``): the engine skips the
+      cast for a model whose parameters already carry ``ds_id`` (``is_zero_init_model``), so
+      adapters added by PEFT after ``from_pretrained`` keep their dtype and are partitioned as
+      they are (``_convert_to_zero_parameters``: ``param.data.to(device)``, no dtype). Their
+      fp32 master is a clone too: DeepSpeed 0.19.8 would reuse an fp32 sub-group as its own
+      master (``stage3.py`` ``_create_fp32_partitions``, PR #7651), but only when
+      ``tensor.device == self.device``, and ``self.device`` is the accelerator's device *name*,
+      a string (``current_device_name()``: ``'cuda:0'``, ``'cpu'``), which a ``torch.device``
+      never equals (torch 2.13), so the clone is made (measured: separate storages).
+
+    Measured on CPU with DeepSpeed 0.19.8 and peft 0.21.2 (``validation/dist_nproc2.json``,
+    the ``lora`` cases): ZeRO-2 adapters bf16, ZeRO-3 under ``zero.Init`` fp32 adapters, each
+    with an fp32 master partition of its own."""
+    given = str(recipe.method.adapter_dtype)
+    peft = "fp32" if given == "auto" else given
+    if str(recipe.engine_kind) != "deepspeed" or recipe.parallelism.zero == 0 \
+            or d.param not in ("bf16", "fp16"):
+        return peft, False  # ZeRO-0 under DeepSpeed is modelled as AMP (the "0" rows)
+    master = d.master is not None
+    return (d.param if recipe.parallelism.zero < 3 else peft), master
 
 
 def state_dtypes(recipe: Recipe) -> Dtypes:

@@ -44,10 +44,12 @@ def measure_recipe(model: str, recipe: Recipe, device: Device, *, steps: int = 2
         # The allocator's own counters over the same steps (block rounding, workspaces and
         # kernel scratch included), next to the tracker's logical bytes.
         stats = torch.cuda.memory_stats()
+        free, total = torch.cuda.mem_get_info()
         dev = replace(dev, allocator=AllocatorCounters(
             max_memory_allocated=torch.cuda.max_memory_allocated() - base,
             max_memory_reserved=torch.cuda.max_memory_reserved(),
-            active_bytes_peak=int(stats.get("active_bytes.all.peak", 0))))
+            active_bytes_peak=int(stats.get("active_bytes.all.peak", 0)),
+            device_used=int(total - free)))
     info, notes = w.info, w.notes
     del w
     if cuda:

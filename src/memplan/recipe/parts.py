@@ -103,6 +103,7 @@ class Quantizer(StrEnum):
 
 
 class AdapterDtype(StrEnum):
+    AUTO = "auto"
     FP32 = "fp32"
     BF16 = "bf16"
     FP16 = "fp16"
@@ -244,9 +245,11 @@ class Method:
     ``modules_to_save`` (``embed``: the input embedding, ``lm_head``: the output layer; 'none'
     by default). PEFT keeps the frozen original and trains a copy (``ModulesToSaveWrapper``):
     one more weight in the parameters' dtype, with its gradient and optimizer states."""
-    adapter_dtype: AdapterDtype = AdapterDtype.FP32
-    """dtype of LoRA weights. PEFT keeps adapters in fp32 by default
-    (``autocast_adapter_dtype``)."""
+    adapter_dtype: AdapterDtype = AdapterDtype.AUTO
+    """dtype of PEFT adapter weights. ``auto``: what the engine leaves them in: fp32, PEFT's
+    default (``autocast_adapter_dtype``), except under DeepSpeed ZeRO-1/2 with a 16-bit
+    precision, whose engine casts the whole module, adapters included, to the 16-bit dtype
+    (``facts.dtypes`` cites the source). ``fp32``/``bf16``/``fp16``: as given."""
     quant: Quant = Quant.NONE
     """Storage of the frozen base under ``qlora``: ``nf4``, ``nf4-dq`` (double-quantized
     scales, QLoRA's default), ``int8`` (LLM.int8), ``gptq-int4`` (a GPTQ 4-bit checkpoint, group

@@ -65,17 +65,23 @@ class AllocatorCounters:
     """``torch.cuda.max_memory_reserved()``."""
     active_bytes_peak: int
     """``memory_stats()["active_bytes.all.peak"]``."""
+    device_used: int | None = None
+    """Total minus free of ``torch.cuda.mem_get_info()`` right after the steps, before the cache
+    is emptied: what nvidia-smi shows in use on the GPU (this process's CUDA context, its
+    allocator's pool and anything outside it, and every other process on that GPU)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"max_memory_allocated": self.max_memory_allocated,
                 "max_memory_reserved": self.max_memory_reserved,
-                "active_bytes.all.peak": self.active_bytes_peak}
+                "active_bytes.all.peak": self.active_bytes_peak,
+                "device_used": self.device_used}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AllocatorCounters:
         return cls(max_memory_allocated=int(d["max_memory_allocated"]),
                    max_memory_reserved=int(d["max_memory_reserved"]),
-                   active_bytes_peak=int(d.get("active_bytes.all.peak", 0)))
+                   active_bytes_peak=int(d.get("active_bytes.all.peak", 0)),
+                   device_used=None if d.get("device_used") is None else int(d["device_used"]))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -34,6 +34,7 @@ import warnings
 from typing import Any
 
 from ..errors import TraceError
+from ..facts import dtypes
 from ..model.peft_targets import ia3_roles, ln_tuning_norm, target_modules
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
@@ -121,7 +122,7 @@ def apply_method(model: Any, recipe: Recipe, spec: ModelSpec, torch: Any) -> Any
     if kind != "ln-tuning":  # LN tuning's copies keep the norms' dtype (a 16-bit LayerNorm
         # weight with a 16-bit input), like BitFit's biases
         target = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
-            recipe.method.adapter_dtype]
+            dtypes(recipe).adapter]
         for name, p in model.named_parameters():
             if (p.requires_grad or (kind == "lora-fa" and "lora_A" in name)) \
                     and p.dtype != target:

@@ -37,7 +37,7 @@ from typing import Any
 
 from ..errors import ConfigError, ModelConfigError, Problems, TraceError
 from ..model.resolve import check_name, find_config
-from ..facts import optimizer_facts
+from ..facts import dtypes, optimizer_facts
 from ..recipe import Recipe
 from ..results import ModelInfo
 from ..model.peft_targets import target_modules
@@ -209,9 +209,9 @@ def _apply_lora(model: Any, recipe: Recipe, torch: Any, spec: Any = None) -> Any
                           target_modules=targets, lora_dropout=recipe.method.lora_dropout)
     model = peft.get_peft_model(model, cfg)
     # PEFT upcasts adapters of 16-bit bases to fp32 (autocast_adapter_dtype); the recipe's
-    # adapter_dtype says what the user keeps.
+    # adapter_dtype says what the user keeps (auto: PEFT's, or the engine's: facts.dtypes).
     target = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
-        recipe.method.adapter_dtype]
+        dtypes(recipe).adapter]
     for name, p in model.named_parameters():
         if "lora_" in name and p.dtype != target:
             p.data = p.data.to(target)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..breakdown import Breakdown
-from ..errors import ConfigError
+from ..errors import ConfigError, did_you_mean
 from ..recipe import Recipe
 from .harnesses import HARNESSES
 
@@ -112,6 +112,18 @@ class CaseResult:
             return True
         return all(abs(self.error_pct(w) or 0.0) <= b for w, b in BOUNDS.items())
 
+    def _cuda_counters(self) -> dict[str, int | None]:
+        """On CUDA, the allocator's reserved peak and the GPU memory in use after the steps
+        beside the estimate's ``peak_reserved_bytes`` and ``device_total_bytes`` (what the
+        published rows' reserved and nvidia-smi counters compare with); None elsewhere. Not
+        bounded: reported so that a GPU run measures the estimate's slack and overheads."""
+        alloc = self.measured.device.allocator if self.measured is not None else None
+        est = self.estimated.worst if self.estimated is not None else None
+        return {"measured_max_memory_reserved_bytes": alloc.max_memory_reserved if alloc else None,
+                "estimated_peak_reserved_bytes": est.peak_reserved_bytes if alloc and est else None,
+                "measured_device_used_bytes": alloc.device_used if alloc else None,
+                "estimated_device_total_bytes": est.device_total_bytes if alloc and est else None}
+
     def to_dict(self) -> dict[str, Any]:
         def peak(b: Breakdown | None) -> int | None:
             return None if b is None else b.worst.peak_allocated_bytes
@@ -128,7 +140,8 @@ class CaseResult:
             "harness": self.case.harness,
             "differs_from_framework": self.case.differs,
             "no_trace": self.case.no_trace,
-            "model": Path(self.case.model).stem,
+            "model": (Path(self.case.model).stem if self.case.model.endswith(".json")
+                      else self.case.model),
             "recipe": _recipe_keys(r),
             "measured_peak_allocated_bytes": self.measured_bytes,
             "traced_peak_allocated_bytes": peak(self.traced),
@@ -138,6 +151,7 @@ class CaseResult:
             "measured_peak_moment": (self.measured.worst.peak_moment.label
                                      if self.measured else None),
             "categories_at_peak": cats,
+            **self._cuda_counters(),
             "seconds": round(self.seconds, 3),
             "ok": self.ok,
             "error": self.error,
@@ -199,8 +213,31 @@ def measured_peak(b: Breakdown) -> int:
 
 
 def _tiny(name: str) -> str:
-    path = resources.files(__package__).joinpath("tiny", f"{name}.json")
-    return str(path)
+    return str(resources.files(__package__).joinpath("tiny", f"{name}.json"))
+
+
+def _tiny_names() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files(__package__).joinpath("tiny").iterdir()
+                  if p.name.endswith(".json"))
+
+
+def _case_model(model: str, where: str, name: str) -> str:
+    """The model a case runs: a tiny architecture of ``tiny/`` by its name (the shipped
+    matrix), else a catalog id (``memplan models``) or a config.json file or folder, for a case
+    table of real sizes (such as ``validation/gpu_cases.toml``). Never the Hub: validate runs
+    offline."""
+    from ..model.catalog import catalog, find
+
+    if model in _tiny_names():
+        return _tiny(model)
+    path = Path(model).expanduser()
+    if find(model) is not None or path.is_file() or (path / "config.json").is_file():
+        return model
+    ids = [e.id for e in catalog().values()]
+    raise ConfigError([f"{where}: case {name!r}: model={model!r} is not a tiny architecture "
+                       f"({', '.join(_tiny_names())}), a catalog id or a config.json path."
+                       f"{did_you_mean(model, _tiny_names() + ids)} "
+                       "List the catalog with `memplan models`."])
 
 
 def cases(*, quick: bool = False, device: str = "cpu",
@@ -233,7 +270,7 @@ def cases(*, quick: bool = False, device: str = "cpu",
             recipe = Recipe.from_dict({**row, "device": device}, where=f"case {name!r}")
         except ConfigError as e:
             raise ConfigError([f"cases.toml: {p}" for p in e.problems]) from None
-        out.append(Case(name=name, model=_tiny(model), recipe=recipe, quick=is_quick,
+        out.append(Case(name=name, model=_case_model(model, where, name), recipe=recipe, quick=is_quick,
                         harness=harness, base_dtype=base_dtype, differs=differs,
                         no_trace=no_trace))
     return out

@@ -29,7 +29,9 @@ config it ran and every step's peaks per phase and moment.
 - ``deepspeed``: the ds_config JSON (``export --to deepspeed``) is passed to
   ``deepspeed.initialize`` as written, with two overrides recorded in the output:
   ``optimizer.params.torch_adam = true`` (no fused CPU Adam is built on this machine), and
-  DeepSpeed's CPU shared-memory all-reduce op is not built (``_SHM_OVERRIDE``).
+  DeepSpeed's CPU shared-memory all-reduce op is not built (``_SHM_OVERRIDE``). With a PEFT
+  method under ZeRO-3 the base is first partitioned as ``zero.Init`` leaves it
+  (``_zero_init_base``).
 
 Counting: every distinct storage once (``DTensor.to_local()`` views and FSDP's padded shards share
 storages; the tracker keys storages, not tensors). Storages FSDP2 frees and re-allocates with
@@ -218,9 +220,34 @@ def _skip_shm_op() -> None:
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
 
+def _zero_init_base(model: Any, cfg: dict[str, Any]) -> None:
+    """ZeRO-3 with a frozen base (a PEFT method): leave the model as transformers and PEFT
+    leave it before ``deepspeed.initialize``. ``from_pretrained`` builds the base under
+    ``deepspeed.zero.Init`` whenever ZeRO-3 is configured (transformers ``modeling_utils.py``
+    ``is_deepspeed_zero3_enabled``), partitioned in the config's 16-bit dtype; PEFT then adds
+    its fp32 adapters outside that context, and the engine, seeing a ``zero.Init`` model,
+    partitions them without its 16-bit cast (``engine.py`` ``_configure_distributed_model``,
+    ``is_zero_init_model``). Here: the frozen tensors cast to the config's dtype, then every
+    parameter partitioned by ``zero.Init(module=...)``, which converts without a cast
+    (``partition_parameters.py`` ``_convert_to_zero_parameters``, 0.19.8)."""
+    import deepspeed
+
+    half = (torch.bfloat16 if cfg.get("bf16", {}).get("enabled")
+            else torch.float16 if cfg.get("fp16", {}).get("enabled") else None)
+    params = list(model.parameters())
+    if cfg.get("zero_optimization", {}).get("stage") != 3 or half is None \
+            or all(p.requires_grad for p in params):
+        return
+    for p in params:
+        if not p.requires_grad and p.is_floating_point():
+            p.data = p.data.to(half)
+    deepspeed.zero.Init(module=model, config_dict_or_path=cfg)
+
+
 def _deepspeed(model: Any, cfg: dict[str, Any]) -> _Engine:
     import deepspeed
 
+    _zero_init_base(model, cfg)
     if "activation_checkpointing" in cfg:  # what the HF Trainer does with checkpointing on
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     engine, opt, _, _ = deepspeed.initialize(model=model, config=cfg,

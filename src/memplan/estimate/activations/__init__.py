@@ -76,7 +76,7 @@ def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
                embed_trained="embed" in m.modules_to_save and m.kind != "full",
                head_trained="lm_head" in m.modules_to_save and m.kind != "full",
                adapter=int(half if flat_layers and gathered
-                           else dtype_bytes(recipe.method.adapter_dtype)),
+                           else dtype_bytes(dt.adapter)),
                train_act=int(pbytes), loss=recipe.loss.kind,
                upcast_in_model=recipe.loss.logits_upcast == "model",
                upcast_in_loss=recipe.loss.logits_upcast != "none",
