@@ -248,11 +248,11 @@ def clock(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
                            f"{device.name}: rerun `memplan calibrate --gpu {device.name}` on "
                            "that GPU, or drop --calibration."])
     peak = peak_t * 1e12
-    # _rates reads these parts (dtypes: precision, engine, parallelism; recompute_inputs:
+    # _rates reads these parts (dtypes: precision, engine, parallelism, method; recompute_inputs:
     # checkpointing, attention; fused_kernels: compile) and the hardware; peak and key follow
     rates = (_rates(model, recipe, device, hw, setup, cal, peak, key, memo) if memo is None
              else kept_by_parts(memo, "rates", (
-                 recipe.precision, recipe.engine, recipe.parallelism, recipe.batch,
+                 recipe.precision, recipe.engine, recipe.parallelism, recipe.method, recipe.batch,
                  recipe.checkpointing, recipe.platform, device, hw, setup, cal),
                  lambda: _rates(model, recipe, device, hw, setup, cal, peak, key, memo)))
     par = recipe.parallelism
