@@ -13,6 +13,7 @@ from .facts import dtypes
 from .hardware import Device
 from .host import HostSetup, NodeHardware, estimate_host
 from .recipe.host import LOAD_MODES
+from .recipe.memo import kept_by_parts
 from .model.spec import ModelSpec
 from .recipe import Recipe
 from .timing import estimate_time
@@ -28,6 +29,18 @@ def stage_loads(model: ModelSpec, recipe: Recipe,
     elements (after TP / EP splits, the embedding on the first stage and the output layer on the
     last) and the memory-bound bytes and kernel launches of one micro-batch, from the same op
     graph as the activation estimate; None for a model without an op graph."""
+    if memo is None:
+        return _stage_loads(model, recipe, None)
+    # layout reads method and parallelism; stage_traffic the activation context's parts
+    # (activations._context), the checkpointing and attention (_graph_args) and dtypes
+    return kept_by_parts(memo, "stage_loads", (
+        recipe.method, recipe.engine, recipe.parallelism, recipe.precision, recipe.batch,
+        recipe.platform, recipe.loss, recipe.checkpointing), lambda: _stage_loads(
+            model, recipe, memo))
+
+
+def _stage_loads(model: ModelSpec, recipe: Recipe,
+                 memo: dict[object, object] | None) -> list[StageLoad] | None:
     dt = dtypes(recipe)
     try:
         stages = layout(model, recipe, memo)

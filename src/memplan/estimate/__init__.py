@@ -6,7 +6,9 @@ module (``model_states``, ``overhead``) whose functions state their formula and 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from typing import TypeVar
 
 from ..breakdown import Breakdown, Category, Item, Moment, Phase, Pool, RankBreakdown
 from ..hardware import Device
@@ -15,6 +17,7 @@ from ..recipe import Checkpointing, Offload, Parallelism, Recipe
 from ..recipe.engine import Engine
 from ..results import ModelInfo
 from .checks import check_compatible
+from ..recipe.memo import kept_by_parts
 from .layout import Stage, layout
 from .model_states import model_state_items
 from .overhead import fragmentation_item, nccl_items, overhead_items
@@ -27,13 +30,13 @@ from .fsdp2_units import fsdp2_instants, fsdp2_per_moment
 from .load import load_moments
 from .loop import loop_lines
 from .optimizer_step import optimizer_step_items
-from .timeline import Instant, moments, peak_allocated
+from .timeline import Instant, LineSums, Phased, line_sums, moments, peak_allocated, phased
 from .warnings import recipe_warnings
 from .zero3_live import zero3_instants, zero3_live_applies
 from ..facts import Dtypes, dtypes
 
 __all__ = ["estimate", "rank_totals", "stage_parts", "StageParts", "trainable_params"]
-
+T, U = TypeVar("T"), TypeVar("U")
 
 
 def _role(stage: Stage, recipe: Recipe) -> str:
@@ -61,12 +64,9 @@ def trainable_params(model: ModelSpec, recipe: Recipe,
     """
     if memo is None:
         return _count_trainable(model, recipe, None)
-    key = ("trainable", recipe.precision, recipe.optimizer, recipe.method, recipe.batch,
-           recipe.loss, recipe.platform, recipe.loop)
-    got = memo.get(key)
-    if got is None:
-        got = memo[key] = _count_trainable(model, recipe, memo)
-    return got  # type: ignore[return-value]
+    return kept_by_parts(memo, "trainable", (
+        recipe.precision, recipe.optimizer, recipe.method, recipe.batch, recipe.loss,
+        recipe.platform, recipe.loop), lambda: _count_trainable(model, recipe, memo))
 
 
 def _count_trainable(model: ModelSpec, recipe: Recipe, memo: dict[object, object] | None) -> int:
@@ -111,7 +111,21 @@ def _states(stage: Stage, recipe: Recipe, dt: Dtypes,
     got = memo.get(key)
     if got is None:
         got = memo[key] = model_state_items(stage, recipe, dt)
-    return list(got)  # type: ignore[call-overload]
+    return got  # type: ignore[return-value]  # shared: read only
+
+
+def _fixed_lines(stage: Stage, recipe: Recipe, device: Device, dt: Dtypes,
+                 memo: dict[object, object] | None) -> list[Line]:
+    """``overhead_items``, ``nccl_items`` and ``_step_lines`` of ``stage``, in that order;
+    ``memo``: kept by what they read (``kept_by_parts``; ``dt``: precision, engine, parallelism;
+    the memo's device): the stage's index (``layout``: method, parallelism), parallelism,
+    offload, method, engine, precision, optimizer, platform, batch; not checkpointing, loss."""
+    def make() -> list[Line]:
+        return (overhead_items(device, recipe.platform.device == "cpu")
+                + nccl_items(recipe, stage.index) + _step_lines(stage, recipe, dt))
+    return make() if memo is None else kept_by_parts(memo, ("fixed_lines", stage.index), (
+        recipe.parallelism, recipe.offload, recipe.method, recipe.engine, recipe.precision,
+        recipe.optimizer, recipe.platform, recipe.batch), make)
 
 
 def _step_lines(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
@@ -195,16 +209,18 @@ def inflight_microbatches(pp: int, stage: int, virtual: int, microbatches: int) 
 
 def _stage_parts(model: ModelSpec, stage: Stage, recipe: Recipe, device: Device, dt: Dtypes,
                  memo: dict[object, object] | None, load: str
-                 ) -> tuple[list[Line], list[Instant], tuple[Moment, ...], list[Item]]:
+                 ) -> tuple[list[Line], list[Instant], tuple[Moment, ...], list[Item],
+                            tuple[LineSums, ...], Phased]:
     """What one rank of ``stage`` is made of: the phase-long lines, the activation instants,
-    the load moments, and the lines outside the allocated pool (before the allocator slack,
-    which depends on the peak)."""
-    on_cpu = recipe.platform.device == "cpu"
+    the load moments, the lines outside the allocated pool (before the allocator slack,
+    which depends on the peak), the ``line_sums`` of the lines' groups (states, loop, fixed)
+    and the instants ``phased`` (what the memo holds is summed and grouped once)."""
     states = _states(stage, recipe, dt, memo)
-    lines = states + loop_lines(model, stage, recipe, dt, states)
-    lines += overhead_items(device, on_cpu)
-    lines += nccl_items(recipe, stage.index) + _step_lines(stage, recipe, dt)
-    instants = _instants(model, stage, recipe, dt, memo)
+    loop = loop_lines(model, stage, recipe, dt, states)
+    fixed = _fixed_lines(stage, recipe, device, dt, memo)
+    lines = states + loop + fixed
+    groups = (_once(memo, states, line_sums), line_sums(loop), _once(memo, fixed, line_sums))
+    instants = shared = _instants(model, stage, recipe, dt, memo)
     persistent = any(ln.item.category == Category.GRADIENTS and Phase.FORWARD in ln.phases
                      for ln in states)
     if fsdp2_per_moment(recipe):
@@ -213,6 +229,7 @@ def _stage_parts(model: ModelSpec, stage: Stage, recipe: Recipe, device: Device,
         instants = fsdp1_instants(stage, recipe, dt, instants, sharded_grads=not persistent)
     elif zero3_live_applies(recipe):
         instants = zero3_instants(stage, recipe, dt, instants)
+    phases = _once(memo if instants is shared else None, instants, phased)
     init = load_moments(stage, recipe, dt, lines, load=load, capacity_bytes=device.capacity_bytes)
     outside = [ln.item for ln in lines if ln.item.pool != Pool.ALLOCATED]
     par = recipe.parallelism
@@ -225,10 +242,16 @@ def _stage_parts(model: ModelSpec, stage: Stage, recipe: Recipe, device: Device,
                                else "torchtune activation offloading)"),
                             formula="checkpointed layers x layer input (/ tp when "
                             "partitioned) x micro-batches in flight"))
-    return lines, instants, init, outside
+    return lines, instants, init, outside, groups, phases
 
 
-StageParts = tuple[Stage, list[Line], list[Instant], tuple[Moment, ...], list[Item]]
+def _once(memo: dict[object, object] | None, what: T, make: Callable[[T], U]) -> U:
+    """``make(what)``, kept by the identity of ``what`` (an object the memo holds)."""
+    return make(what) if memo is None else kept_by_parts(memo, make, (what,), lambda: make(what))
+
+
+StageParts = tuple[Stage, list[Line], list[Instant], tuple[Moment, ...], list[Item],
+                   tuple[LineSums, ...], Phased]
 """A stage, and ``_stage_parts`` of one rank of it (read only: shared by the callers)."""
 
 
@@ -278,7 +301,7 @@ def _ranks(model: ModelSpec, recipe: Recipe, device: Device,
                       for stage in layout(model, recipe, memo))
     ranks = []
     per_stage = recipe.parallelism.gpus // recipe.parallelism.pp
-    for stage, lines, instants, init, outside in parts:
+    for stage, lines, instants, init, outside, _, _ in parts:
         timeline = init + moments(lines, instants)
         slack = _slack(model, stage, lines, recipe, max(m.allocated_bytes for m in timeline),
                        allocator)
@@ -306,8 +329,8 @@ def rank_totals(model: ModelSpec, recipe: Recipe, device: Device, *,
     if parts is None:
         parts = stage_parts(model, recipe, device, memo=memo, load=load)
     out = []
-    for stage, lines, instants, init, outside in parts:
-        peak = max(max(m.allocated_bytes for m in init), peak_allocated(lines, instants))
+    for stage, lines, instants, init, outside, sums, ph in parts:
+        peak = max(max(m.allocated_bytes for m in init), peak_allocated(lines, instants, sums, ph))
         slack = _slack(model, stage, lines, recipe, peak, allocator)
         beside = [*outside, slack] if slack is not None else outside
         out.append((_role(stage, recipe), peak + sum(

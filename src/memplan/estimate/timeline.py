@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from ..breakdown import ALL_PHASES, Item, Moment, Phase, Pool, Step
 from .lines import Line
 
-__all__ = ["Instant", "moments", "peak_allocated"]
+__all__ = ["Instant", "LineSums", "Phased", "line_sums", "moments", "peak_allocated", "phased"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,16 +63,20 @@ def _static(lines: Iterable[Line], step: Step, phase: Phase,
     return tuple(out)
 
 
-def peak_allocated(lines: Sequence[Line], instants: Sequence[Instant] = ()) -> int:
-    """``max(m.allocated_bytes for m in moments(lines, instants))`` without building the
-    moments: per (step, phase) the live lines' bytes, with a growing line at
-    ``round(bytes x progress)`` as ``_static`` writes it, plus each instant's own bytes. The
-    live lines' bytes of every (step, phase) are summed in one pass over the lines (integers:
-    the same sums as ``_live`` filtered per phase); the optimizer in backward (``stepping``
-    lines) takes ``_peak_stepping``."""
-    by_phase: dict[Phase, list[Instant]] = {p: [] for p in ALL_PHASES}
-    for inst in instants:
-        by_phase.setdefault(inst.phase, []).append(inst)
+@dataclass(frozen=True, slots=True)
+class LineSums:
+    """What a group of lines adds to each (step, phase) of ``peak_allocated``: the live lines'
+    bytes, and the bytes of its growing lines (the gradients) in the backward."""
+
+    sums: dict[Step, dict[Phase, int]]
+    growing: dict[Step, tuple[int, ...]]
+    stepping: bool
+    """A line of the optimizer in backward is among them (``_peak_stepping``'s case)."""
+
+
+def line_sums(lines: Iterable[Line]) -> LineSums:
+    """The per-(step, phase) sums of ``lines`` in one pass: integers, so the sums of a list's
+    groups add up to the list's own."""
     sums = {Step.FIRST: dict.fromkeys(ALL_PHASES, 0), Step.STEADY: dict.fromkeys(ALL_PHASES, 0)}
     first, steady = sums[Step.FIRST], sums[Step.STEADY]
     growing: dict[Step, list[int]] = {Step.FIRST: [], Step.STEADY: []}
@@ -82,7 +86,7 @@ def peak_allocated(lines: Sequence[Line], instants: Sequence[Instant] = ()) -> i
         if item.pool != allocated:
             continue
         if ln.stepping and bwd in ln.phases:
-            return _peak_stepping(lines, by_phase)
+            return LineSums(sums=sums, growing={}, stepping=True)
         b = item.bytes
         for ph in ln.phases:
             if ph not in steady:
@@ -95,19 +99,59 @@ def peak_allocated(lines: Sequence[Line], instants: Sequence[Instant] = ()) -> i
                 growing[Step.STEADY].append(b)
                 if in_first:
                     growing[Step.FIRST].append(b)
+    return LineSums(sums=sums, growing={k: tuple(v) for k, v in growing.items()},
+                    stepping=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Phased:
+    """Instants by phase, as ``peak_allocated`` reads them."""
+
+    by_phase: dict[Phase, list[Instant]]
+    most: dict[Phase, int]
+    """The largest ``items_bytes`` of each phase's instants (0 without instants)."""
+
+
+def phased(instants: Sequence[Instant]) -> Phased:
+    """``instants`` by phase, in order, with each phase's largest own bytes."""
+    by_phase: dict[Phase, list[Instant]] = {p: [] for p in ALL_PHASES}
+    for inst in instants:
+        by_phase.setdefault(inst.phase, []).append(inst)
+    return Phased(by_phase=by_phase, most={p: max([i.items_bytes for i in mine], default=0)
+                                           for p, mine in by_phase.items()})
+
+
+def peak_allocated(lines: Sequence[Line], instants: Sequence[Instant] = (),
+                   groups: Sequence[LineSums] | None = None,
+                   phases: Phased | None = None) -> int:
+    """``max(m.allocated_bytes for m in moments(lines, instants))`` without building the
+    moments: per (step, phase) the live lines' bytes, with a growing line at
+    ``round(bytes x progress)`` as ``_static`` writes it, plus each instant's own bytes. The
+    live lines' bytes of every (step, phase) are summed in one pass over the lines
+    (``line_sums``; ``groups``: those of consecutive groups making up ``lines``, when already
+    summed; ``phases``: ``phased(instants)``, when already grouped); the optimizer in backward
+    (``stepping`` lines) takes ``_peak_stepping``."""
+    phases = phases if phases is not None else phased(instants)
+    by_phase, most = phases.by_phase, phases.most
+    groups = groups if groups is not None else (line_sums(lines),)
+    if any(g.stepping for g in groups):
+        return _peak_stepping(lines, phases)
+    bwd = Phase.BACKWARD
     totals = []
     for step in (Step.FIRST, Step.STEADY):
+        grow = [b for g in groups for b in g.growing[step]]
         for phase in ALL_PHASES:
-            mine = by_phase[phase]
-            whole = sums[step][phase]
-            totals.append(_phase_peak(whole, growing[step] if phase == bwd else [], mine))
+            whole = sum(g.sums[step][phase] for g in groups)
+            totals.append(_phase_peak(whole, grow if phase == bwd else [], by_phase[phase],
+                                      most[phase]))
     return max(totals)
 
 
-def _phase_peak(whole: int, grow: list[int], mine: list[Instant]) -> int:
+def _phase_peak(whole: int, grow: list[int], mine: list[Instant], most: int) -> int:
     """The largest total of one (step, phase): ``whole`` bytes of phase-long lines, of which
     ``grow`` (the gradients) grow with each instant's backward progress, plus the instant's
-    own items; ``whole`` alone for a phase without instants."""
+    own items (``most``: the largest of them); ``whole`` alone for a phase without
+    instants."""
     if not mine:
         return whole
     fixed = whole - sum(grow)
@@ -118,12 +162,13 @@ def _phase_peak(whole: int, grow: list[int], mine: list[Instant]) -> int:
     if grow:
         return max([(fixed + sum([round(b * i.progress) for b in grow]) if i.progress < 1.0
                      else whole) + i.items_bytes for i in mine])
-    return whole + max([i.items_bytes for i in mine])
+    return whole + most
 
 
-def _peak_stepping(lines: Sequence[Line], by_phase: dict[Phase, list[Instant]]) -> int:
+def _peak_stepping(lines: Sequence[Line], phases: Phased) -> int:
     """``peak_allocated`` under the optimizer in backward: which lines live varies from one
     backward instant to the next (``_static`` per instant)."""
+    by_phase = phases.by_phase
     totals = []
     for step in (Step.FIRST, Step.STEADY):
         for phase in ALL_PHASES:
@@ -137,7 +182,8 @@ def _peak_stepping(lines: Sequence[Line], by_phase: dict[Phase, list[Instant]]) 
                     totals.append(sum(i.bytes for i in _static(live, step, phase)))
                 continue
             growing = [ln.item.bytes for ln in live if ln.grows and phase == Phase.BACKWARD]
-            totals.append(_phase_peak(sum(ln.item.bytes for ln in live), growing, mine))
+            totals.append(_phase_peak(sum(ln.item.bytes for ln in live), growing, mine,
+                                      phases.most[phase]))
     return max(totals)
 
 

@@ -23,7 +23,7 @@ from ..host.plan import GpuSide, host_of
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
 from ..system import stage_loads, with_host_and_time
-from ..timing import estimate_time
+from ..timing.step import step_figures
 
 __all__ = ["Cluster", "Evaluated", "Evaluator"]
 
@@ -227,7 +227,8 @@ class Evaluator:
         """Host RAM, NVMe and step time of a candidate, read as ``with_host_and_time`` reads
         them from ``estimate``'s ``Breakdown``, but from the stage parts the ``Breakdown`` is
         built of (its offloaded bytes are the parts' ``outside`` items) and without building it:
-        ``host_of`` and ``estimate_time`` with the same arguments. The host estimate is kept
+        ``host_of`` and ``estimate_time``'s numbers (``step_figures``) with the same
+        arguments. The host estimate is kept
         under what ``host_of`` reads, so the candidates that differ only in checkpointing,
         kernel or loss share it."""
         spec, device = self.spec, self.device
@@ -245,8 +246,8 @@ class Evaluator:
             if key not in self.memo:
                 self.memo[key] = host_of(gpu, spec, recipe, self.hw, setup)
             host, nvme = self.memo[key]  # type: ignore[misc]
-            time = estimate_time(spec, recipe, device, self.hw, setup, trainable, None,
-                                 stage_loads(spec, recipe, self.memo), memo=self.memo)
+            time = step_figures(spec, recipe, device, self.hw, setup, trainable, None,
+                                stage_loads(spec, recipe, self.memo), memo=self.memo)
         return Evaluated(
             recipe=recipe, peak_bytes=peak, capacity_bytes=device.capacity_bytes,
             worst_role=worst_role,
@@ -259,8 +260,7 @@ class Evaluator:
             step_seconds=time.step_seconds if time else None,
             tokens_per_second=time.tokens_per_second if time else None,
             mfu=time.mfu if time else None, bottleneck=time.bottleneck if time else None,
-            model_flops_per_token=(time.model_flops_per_step / time.tokens_per_step
-                                   if time else None),
+            model_flops_per_token=time.model_flops_per_token if time else None,
             peak_flops_per_gpu=time.peak_flops_per_gpu if time else None,
             complete=host is not None or time is not None)
 

@@ -80,11 +80,11 @@ def rejected_families(rows: list[Evaluated], explain: int = 50) -> list[Rejected
     fitting change is searched for the first ``explain`` of them (it compares with every
     fitting candidate)."""
     fams: dict[tuple[Any, ...], list[Evaluated]] = {}
-    searched: dict[int, tuple[Any, ...]] = {}  # id(row) -> its SEARCHED values (one to_dict a row)
+    searched: dict[int, tuple[Any, ...]] = {}  # id(row) -> its SEARCHED values
+    at = [SEARCHED.index(k) for k in FAMILY_KEYS]
     for e in rows:
-        d = e.recipe.to_dict()
-        fams.setdefault(tuple(d[k] for k in FAMILY_KEYS), []).append(e)
-        searched[id(e)] = tuple(d[k] for k in SEARCHED)
+        values = searched[id(e)] = e.recipe.values(SEARCHED)
+        fams.setdefault(tuple([values[i] for i in at]), []).append(e)
     out = []
     for key, members in fams.items():
         if any(e.fits for e in members):
@@ -96,8 +96,23 @@ def rejected_families(rows: list[Evaluated], explain: int = 50) -> list[Rejected
     fitting = [(f, searched[id(f)]) for f in ranked(rows)]
     if not fitting:
         return out
+    fit_values = {fd for _, fd in fitting}
     for i, r in enumerate(out[:explain]):
-        d = searched[id(r.closest)]
-        near = min(fitting, key=lambda fd: (_distance(d, fd[1]), -_speed(fd[0])))[0]
-        out[i] = replace(r, nearest_fit=near)
+        out[i] = replace(r, nearest_fit=_nearest(searched[id(r.closest)], fitting, fit_values))
     return out
+
+
+def _nearest(d: tuple[Any, ...], fitting: list[tuple[Evaluated, tuple[Any, ...]]],
+             fit_values: set[tuple[Any, ...]]) -> Evaluated:
+    """``min(fitting, key=(_distance to d, -speed))``: ``fitting`` is fastest first, so the
+    first row at the least distance; the scan stops at a row no other can beat (distance 0,
+    or 1 when ``d`` is not among the fitting rows' values)."""
+    floor = 0 if d in fit_values else 1
+    best, near = len(d) + 1, fitting[0][0]
+    for f, fd in fitting:
+        dist = _distance(d, fd)
+        if dist < best:
+            best, near = dist, f
+            if dist == floor:
+                break
+    return near

@@ -10,9 +10,9 @@ runs the combination (``engine_for``), so every candidate can be exported as it 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import ConfigError
 from ..model.spec import ModelSpec
@@ -177,38 +177,62 @@ class Space:
             Checkpointing(kind=CheckpointingKind.FULL, checkpoint_every=2)]
 
     def recipes(self, model: ModelSpec) -> Iterator[Recipe]:
-        """Every candidate recipe (valid by the recipe's own checks), each once."""
+        """Every candidate recipe (valid by the recipe's own checks), each once. Equal parts
+        are one object across candidates (``_shared``): the evaluator's memo keys hold them,
+        and a key compares its parts by identity first."""
         base = self.base
         ckpts = self.checkpointings()
         attns = self._choices("attention", [str(a) for a in self.attention])
         # litgpt's two losses are a framework's fixed code path, not a knob: not searched
         losses = self._choices("loss", [str(k) for k in LossKind if k not in (
             LossKind.CHUNKED_HEAD, LossKind.CHUNKED_CE)])
+        platforms = [_made(lambda: replace(base.platform, attention=Attention(at)))
+                     for at in attns]
+        loss_parts = [_made(lambda: Loss(kind=LossKind(loss))) for loss in losses]
+        shared: dict[object, object] = {}
         for tp, cp, pp, v, ep, sp in self.degrees(model):
             dp = self.gpus // (tp * cp * pp)
             model_parallel = tp > 1 or cp > 1 or pp > 1 or ep > 1
             par0 = replace(base.parallelism, gpus=self.gpus, gpus_per_node=self.gpus_per_node,
                            tp=tp, cp=cp, pp=pp, pp_virtual=v, ep=ep, sequence_parallel=sp)
-            batches = self.batches(dp)
+            batches = [_shared(shared, replace(base.batch, micro_batch=mb, grad_accum=ga))
+                       for mb, ga in self.batches(dp)]
             for zero, hybrid, off, eng in self.sharding(dp, model_parallel):
                 par = replace(par0, zero=zero, hybrid_shard=hybrid)
                 if self.only is not None and (eng, zero, off, tp, pp, cp, ep) not in self.only:
                     continue
                 try:
-                    r0 = replace(base, parallelism=par, offload=Offload(kind=OffloadKind(off)),
-                                 engine=replace(base.engine, kind=EngineKind(eng)))
+                    r0 = replace(base, parallelism=par,
+                                 offload=_shared(shared, Offload(kind=OffloadKind(off))),
+                                 engine=_shared(shared, replace(base.engine,
+                                                                kind=EngineKind(eng))))
                 except ConfigError:
                     continue
-                for mb, ga in batches:
-                    batch = replace(base.batch, micro_batch=mb, grad_accum=ga)
+                for batch in batches:
                     for ck in ckpts:
-                        for at in attns:
-                            for loss in losses:
+                        for platform in platforms:
+                            for loss in loss_parts:
+                                if platform is None or loss is None:
+                                    continue
                                 try:
-                                    yield replace(
-                                        r0, batch=batch,
-                                        checkpointing=ck,
-                                        platform=replace(base.platform, attention=Attention(at)),
-                                        loss=Loss(kind=LossKind(loss)))
+                                    yield replace(r0, batch=batch, checkpointing=ck,
+                                                  platform=platform, loss=loss)
                                 except ConfigError:
                                     continue
+
+
+T = TypeVar("T")
+
+
+def _shared(seen: dict[object, object], part: T) -> T:
+    """The object equal to ``part`` seen first (``part`` itself the first time)."""
+    return seen.setdefault(part, part)  # type: ignore[return-value]
+
+
+def _made(make: Callable[[], T]) -> T | None:
+    """``make()``, or None where the part's own checks refuse it (``ConfigError``): the
+    candidates with it are skipped, as when it is made per candidate."""
+    try:
+        return make()
+    except ConfigError:
+        return None

@@ -313,11 +313,16 @@ class Recipe:
         """The flat table (plain values) plus the derived ``dp``; ``from_dict`` inverts it."""
         d: dict[str, Any] = {}
         for key, (part, name) in KEYS.items():
-            v = getattr(getattr(self, part), name)
-            d[key] = list(v) if isinstance(v, tuple) else (str(v) if isinstance(v, str) else v)
+            d[key] = _plain(getattr(getattr(self, part), name))
         d["notes"] = list(self.notes)
         d["dp"] = self.parallelism.dp
         return d
+
+    def values(self, keys: tuple[str, ...]) -> tuple[Any, ...]:
+        """``tuple(self.to_dict()[k] for k in keys)`` for keys of the flat table (not
+        ``notes`` or ``dp``), without building the rest of it (``memplan plan`` reads a few
+        keys of every candidate)."""
+        return tuple(_plain(getattr(getattr(self, KEYS[k][0]), KEYS[k][1])) for k in keys)
 
     @classmethod
     def from_file(cls, path: Any, overrides: dict[str, Any] | None = None) -> Recipe:
@@ -330,6 +335,11 @@ class Recipe:
     def to_toml(self) -> str:
         """The recipe as TOML text (flat keys; ``from_dict(tomllib.loads(...))`` inverts it)."""
         return to_toml(self)
+
+
+def _plain(v: Any) -> Any:
+    """A recipe value as ``to_dict`` writes it: tuples as lists, string enums as ``str``."""
+    return list(v) if isinstance(v, tuple) else (str(v) if isinstance(v, str) else v)
 
 
 def _place(p: Problems, per_part: dict[str, dict[str, Any]], where: str, name: str,

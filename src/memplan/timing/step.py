@@ -41,6 +41,7 @@ peak.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from ..errors import ConfigError
@@ -52,20 +53,22 @@ from ..recipe.host import HostSetup
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
 from ..units import dtype_bytes
+from ..recipe.memo import kept_by_parts
 from ..recipe.stages import stages_of
 from ..results import ResourceTime, TimeEstimate
 from ..results.time import validation_band
 from .calibration import Calibration
 from .comms import Link
-from .flops import token_flops
-from .fsdp2 import COPY_ENGINES
+from .explain import assumptions, resource_details, time_notes
+from .flops import TokenFlops, token_flops
 from .gemm import base_matmul_efficiency
-from .kernels import attention_efficiency, method_inputs
+from .kernels import method_inputs
 from .pipeline import StageLoad, pipeline_step
 from .recompute import full_share, recompute_inputs
-from .stage import Rates, stage_time
+from .stage import Rates, StageTime, stage_time
 
-__all__ = ["estimate_time", "pcie_gb_per_s", "peak_tflops"]
+__all__ = ["Clock", "StepFigures", "clock", "estimate_time", "pcie_gb_per_s", "peak_tflops",
+           "step_figures"]
 
 T = TypeVar("T")
 
@@ -189,22 +192,53 @@ def _rates(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
                  * tokens_replica / (par.tp * par.cp))
 
 
-def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
-                  setup: HostSetup, trainable: int,
-                  calibration: Calibration | None = None,
-                  stages: list[StageLoad] | None = None,
-                  memo: dict[object, object] | None = None) -> TimeEstimate | None:
-    """Step time of ``recipe`` on ``device`` GPUs in ``hw`` nodes; None when the catalog has
-    no dense peak for the compute dtype (the reason is the caller's to report). Rates measured
-    by ``memplan calibrate`` (``calibration``) replace the sourced defaults they cover.
-    ``stages``: one ``StageLoad`` per pipeline stage (its layers, one rank's trainable
-    elements, and the op graph's memory-bound bytes and kernels of one micro-batch:
-    ``system.stage_loads``); without it the layers split as ``recipe.stages.stages_of`` says,
-    each rank holds ``trainable / (tp x pp)`` elements, the per-hidden byte counts of
-    ``_hbm_bytes_per_token`` stand in for the op graph and launches are not timed. ``memo``: a
-    dict kept by a caller timing many recipes of this one ``model`` on this ``device`` (``memplan
-    plan``): FLOPs per token, per-token HBM bytes and kernel times are kept under the recipe
-    fields they read (``recompute_inputs``, ``kernel_inputs``)."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepFigures:
+    """The numbers ``memplan plan`` reads of a ``TimeEstimate``, computed as its fields and
+    properties compute them (``estimate_time`` builds its result from the same ``Clock``)."""
+
+    step_seconds: float
+    tokens_per_second: float
+    mfu: float
+    bottleneck: str
+    model_flops_per_token: float
+    peak_flops_per_gpu: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Clock:
+    """What ``estimate_time`` computes before it words it (``explain.py``)."""
+
+    rates: Rates
+    key: str
+    """The peak's dtype key (``peak_tflops``)."""
+    peak: float
+    stages: list[StageLoad]
+    times: list[StageTime]
+    owns: list[float]
+    """``times[i].own``, read once."""
+    j: int
+    """The stage that sets the step."""
+    step: float
+    bubble: float
+    exposed: dict[str, float]
+    busy_s: dict[str, float]
+    fl: TokenFlops
+    tokens_replica: int
+    replicas: int
+
+    @property
+    def resource_names(self) -> list[str]:
+        """The resources ``TimeEstimate.resources`` lists, in order: busy or exposed."""
+        return [k for k in self.exposed if self.busy_s[k] or self.exposed[k]]
+
+
+def clock(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
+          setup: HostSetup, trainable: int, calibration: Calibration | None = None,
+          stages: list[StageLoad] | None = None,
+          memo: dict[object, object] | None = None) -> Clock | None:
+    """The numbers of ``estimate_time`` (same arguments), without its words; None where it
+    returns None."""
     peak_t, key = peak_tflops(device, recipe)
     if not peak_t or recipe.platform.device == "cpu":
         return None
@@ -214,7 +248,13 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
                            f"{device.name}: rerun `memplan calibrate --gpu {device.name}` on "
                            "that GPU, or drop --calibration."])
     peak = peak_t * 1e12
-    rates = _rates(model, recipe, device, hw, setup, cal, peak, key, memo)
+    # _rates reads these parts (dtypes: precision, engine, parallelism, method; recompute_inputs:
+    # checkpointing, attention; fused_kernels: compile) and the hardware; peak and key follow
+    rates = (_rates(model, recipe, device, hw, setup, cal, peak, key, memo) if memo is None
+             else kept_by_parts(memo, "rates", (
+                 recipe.precision, recipe.engine, recipe.parallelism, recipe.method, recipe.batch,
+                 recipe.checkpointing, recipe.platform, device, hw, setup, cal),
+                 lambda: _rates(model, recipe, device, hw, setup, cal, peak, key, memo)))
     par = recipe.parallelism
     tp, pp, cp = par.tp, par.pp, par.cp
     m, v = recipe.batch.grad_accum, par.pp_virtual
@@ -222,26 +262,14 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     split = tp * pp * cp
     fl = _memo(memo, ("token_flops", recipe.batch.seq_len, *method_inputs(recipe),
                       *recompute_inputs(recipe)), lambda: token_flops(model, recipe))
-    notes: list[str] = []
     if stages is None:
         stages = [StageLoad(layers=r, trainable=trainable / (tp * pp))
                   for r in stages_of(model.num_layers, recipe)]
-    if any(s.traffic is None for s in stages):
-        notes.append("memory-bound kernels from per-hidden byte counts (no op graph for this "
-                     "model): launches not timed")
-    if not rates.hbm:
-        notes.append(f"{device.name} has no HBM bandwidth in the catalog: memory-bound kernels "
-                     "not timed")
     times = [stage_time(model, recipe, device, hw, setup, rates, s, last=j == len(stages) - 1,
                         memo=memo) for j, s in enumerate(stages)]
-    step, j, bubble = pipeline_step([s.own for s in times], [s.pipelined for s in times], m, v)
+    owns = [s.own for s in times]
+    step, j, bubble = pipeline_step(owns, [s.pipelined for s in times], m, v)
     st = times[j]
-    notes.extend(st.notes)
-    if len({round(s.own, 12) for s in times}) > 1:
-        notes.append(f"pipeline stage times differ: stage {j} ({len(stages[j].layers)} layers"
-                     + (", output layer" if j == len(stages) - 1 else "")
-                     + f") sets the step at {st.own:.3g} s of its own work; the stages take "
-                     + ", ".join(f"{s.own:.3g}" for s in times) + " s")
     over = st.overlapped()
     fwd_bwd = max([st.critical, *over.values()])
     excess_name = max(over, key=lambda k: over[k])
@@ -266,76 +294,61 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
     busy_s["nvme"] += st.nvme_optimizer
     exposed["pcie"] += st.pcie_serial
     busy_s["pcie"] += st.pcie_serial
-    eff = rates.matmul_efficiency
-    att_f, att_b, _ = attention_efficiency(device, recipe.platform.attention, eff)
-    if rates.attention_override is not None:
-        att_f, att_b = rates.attention_override
-    if cal is not None:
-        notes.append(f"calibrated on {cal.torch_device} ({cal.model} shapes, torch "
-                     f"{cal.torch_version}): GEMMs {cal.gemm_tflops:g} TFLOP/s")
-    fused = rates.fused
-    rule = st.dp.rule
-    quant = f" x tile/wave quantisation on {rates.gemm_sms} SMs" if rates.gemm_sms else ""
-    details = {
-        "compute": f"GEMMs {st.linear:.3g} s (rooflines at {eff:.0%} of "
-                   f"{rates.linear_peak / 1e12:g} "
-                   f"TFLOP/s {key}{quant}), attention {st.attention:.3g} s (fwd/bwd at "
-                   f"{att_f:.0%}/{att_b:.0%} of {rates.attention_peak / 1e12:g} TFLOP/s)",
-        "hbm": f"memory-bound kernels ({'fused chains' if fused else 'op by op, eager'}: norms, "
-               "rotary, activations, casts, softmax, cross-entropy; bytes from the op graph)"
-               + (", FSDP2 all-gather copy-out and reduce-scatter copy-in" if par.zero == 3
-                  and str(recipe.engine_kind) in COPY_ENGINES else "")
-               + f" and the GPU optimizer step at {constant('hbm_efficiency'):.0%} of "
-               f"{device.hbm_gb_per_s} GB/s",
-        "launch": f"{st.kernels:,.0f} kernel launches x "
-                  f"{constant('kernel_launch_cpu_seconds') * 1e6:g} us of CPU each; exposed "
-                  "where issuing outlasts the GPU work",
-        "nvlink": f"intra-node collectives (TP/EP/PP on the critical path; DP: {rule}; CP "
-                  "overlapped; overlapped ones slow the kernels beside them by "
-                  f"{constant('overlap_compute_slowdown'):.1%})",
-        "network": f"inter-node collectives (TP/EP/PP on the critical path; DP: {rule}; "
-                   "CP overlapped; overlapped ones slow the kernels beside them by "
-                   f"{constant('overlap_compute_slowdown'):.1%})",
-        "pcie": "offload transfers (gradients out and parameter fetches overlapped; "
-                "ZeRO-Offload parameter upload serial)",
-        "nvme": "ZeRO-Infinity swaps (optimizer swaps overlap the CPU step)",
-        "cpu": "CPU optimizer step (serial: the GPU waits)",
-        "data": "on-the-fly tokenisation (overlapped via prefetch)",
-        "pipeline bubble": "1F1B fill and drain: the other stages' work x 1/(micro-batches x "
-                           f"pp_virtual) = 1/{m * v} (even stages: {pp - 1}/{m * v} of the "
-                           "critical path)",
-    }
-    resources = tuple(ResourceTime(name=k, seconds=busy_s[k], exposed_seconds=exposed[k],
-                                   detail=details[k])
-                      for k in exposed if busy_s[k] or exposed[k])
-    unknown = sorted({u for s in times for u in s.unknown})
-    if unknown:
-        notes.append("not timed (unknown): " + ", ".join(unknown) + "; give --node or --pcie")
-    assumptions = (
-        f"GEMMs: roofline of each linear layer's shape at {eff:.0%} of the dense {key} peak "
-        + ("(a whole-wave tile grid: the architecture's measured GEMM rate over its shape's "
-           "quantisation, rates.toml), scaled by the shape's tile and wave quantisation (NVIDIA's "
-           "Matrix Multiplication Background guide)" if rates.gemm_sms else
-           "(measured, calibrated or set; applied to every shape as given)")
-        + "; attention at the FlashAttention papers' "
-        "fraction of the 16-bit peak (fp8 only on linear layers)",
-        "compute and memory-bound kernels serial; memory-bound bytes "
-        + ("of fused elementwise chains" if fused else "op by op (eager)")
-        + " from the estimator's op graph; kernel launches exposed where the CPU is slower; "
-        "TP/EP/PP comm on the critical path; DP comm by the engine's overlap rule ("
-        + rule + "); CP comm, parameter fetches and data loading overlapped",
-        "CPU optimizer step and ZeRO-Offload parameter upload serial after backward",
-    )
-    if pp > 1:
-        assumptions += ("pipeline: each stage timed with its own layers (the output layer on "
-                        "the last); the slowest stage plus the others' fill and drain sets the "
-                        "step",)
-    replicas = par.gpus // split
+    return Clock(rates=rates, key=key, peak=peak, stages=stages, times=times, owns=owns, j=j,
+                 step=step, bubble=bubble, exposed=exposed, busy_s=busy_s, fl=fl,
+                 tokens_replica=tokens_replica, replicas=par.gpus // split)
+
+
+def step_figures(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
+                 setup: HostSetup, trainable: int, calibration: Calibration | None = None,
+                 stages: list[StageLoad] | None = None,
+                 memo: dict[object, object] | None = None) -> StepFigures | None:
+    """``estimate_time``'s step time, tokens per second, MFU, bottleneck, model FLOPs per
+    token and peak (same arguments), as its ``TimeEstimate`` computes them, without its
+    resources' words, assumptions and notes (``memplan plan``: one per candidate)."""
+    c = clock(model, recipe, device, hw, setup, trainable, calibration, stages, memo)
+    if c is None:
+        return None
+    tokens_per_step = c.tokens_replica * c.replicas
+    model_flops = c.fl.model * c.tokens_replica * c.replicas
+    gpus = recipe.parallelism.gpus
+    return StepFigures(step_seconds=c.step, tokens_per_second=tokens_per_step / c.step,
+                       mfu=model_flops / c.step / gpus / c.peak,
+                       bottleneck=max(c.resource_names, key=c.exposed.__getitem__),
+                       model_flops_per_token=model_flops / tokens_per_step,
+                       peak_flops_per_gpu=c.peak)
+
+
+def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
+                  setup: HostSetup, trainable: int,
+                  calibration: Calibration | None = None,
+                  stages: list[StageLoad] | None = None,
+                  memo: dict[object, object] | None = None) -> TimeEstimate | None:
+    """Step time of ``recipe`` on ``device`` GPUs in ``hw`` nodes; None when the catalog has
+    no dense peak for the compute dtype (the reason is the caller's to report). Rates measured
+    by ``memplan calibrate`` (``calibration``) replace the sourced defaults they cover.
+    ``stages``: one ``StageLoad`` per pipeline stage (its layers, one rank's trainable
+    elements, and the op graph's memory-bound bytes and kernels of one micro-batch:
+    ``system.stage_loads``); without it the layers split as ``recipe.stages.stages_of`` says,
+    each rank holds ``trainable / (tp x pp)`` elements, the per-hidden byte counts of
+    ``_hbm_bytes_per_token`` stand in for the op graph and launches are not timed. ``memo``: a
+    dict kept by a caller timing many recipes of this one ``model`` on this ``device`` (``memplan
+    plan``): FLOPs per token, per-token HBM bytes and kernel times are kept under the recipe
+    fields they read (``recompute_inputs``, ``kernel_inputs``)."""
+    c = clock(model, recipe, device, hw, setup, trainable, calibration, stages, memo)
+    if c is None:
+        return None
+    par = recipe.parallelism
+    details = resource_details(c, recipe, device)
+    resources = tuple(ResourceTime(name=k, seconds=c.busy_s[k], exposed_seconds=c.exposed[k],
+                                   detail=details[k]) for k in c.resource_names)
+    n = c.tokens_replica * c.replicas
     return TimeEstimate(
-        step_seconds=step, tokens_per_step=tokens_replica * replicas, gpus=par.gpus,
-        model_flops_per_step=fl.model * tokens_replica * replicas,
-        executed_flops_per_step=fl.executed * tokens_replica * replicas,
-        model_flops_noncausal_per_step=fl.model_noncausal * tokens_replica * replicas,
+        step_seconds=c.step, tokens_per_step=n, gpus=par.gpus,
+        model_flops_per_step=c.fl.model * c.tokens_replica * c.replicas,
+        executed_flops_per_step=c.fl.executed * c.tokens_replica * c.replicas,
+        model_flops_noncausal_per_step=c.fl.model_noncausal * c.tokens_replica * c.replicas,
         error_min=validation_band()[0], error_max=validation_band()[1],
-        peak_flops_per_gpu=peak, gpu_busy_seconds=st.busy, resources=resources,
-        assumptions=assumptions, notes=tuple(notes))
+        peak_flops_per_gpu=c.peak, gpu_busy_seconds=c.times[c.j].busy, resources=resources,
+        assumptions=assumptions(c, recipe),
+        notes=time_notes(c, recipe, device, calibration))

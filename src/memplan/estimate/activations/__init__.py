@@ -20,6 +20,8 @@ from ...recipe.engine import fsdp1_mixes
 from ..peft import LORA_LIKE, adapted_roles
 from ...model.peft_targets import ia3_roles, ln_tuning_leaves
 from .blocks import Ctx
+from .context import kept
+from ...recipe.memo import kept_by_parts
 from .compose import compose, short_lengths, signatures
 from .families import stage_graph
 from .events import Event, record
@@ -189,7 +191,7 @@ def points_key(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
     if memo is not None:
         return _recipe_args(spec, stage, recipe, dt, memo)[2]
     ctx, args = _graph_args(spec, stage, recipe, dt)
-    return _points_key(stage, ctx, args, accumulates(recipe))
+    return _points_key(stage, _stage_ctx(ctx, args), args, accumulates(recipe))
 
 
 def _recipe_args(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
@@ -207,16 +209,18 @@ def _recipe_args(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
     where = (stage.index == 0, stage.index == recipe.parallelism.pp - 1)
     got = per_stage.get(where)
     if got is None:
-        ctx, args = _graph_args(spec, stage, recipe, dt)
-        key = _points_key(stage, ctx, args, accumulates(recipe))
+        ctx, args = _graph_args(spec, stage, recipe, dt, memo)
+        if (kc := ("stage_ctx", ctx, args["last"])) not in memo:  # built once, ``kept``
+            memo[kc] = kept(memo, _stage_ctx(ctx, args))
+        key = _points_key(stage, memo[kc], args, accumulates(recipe))  # type: ignore[arg-type]
         got = per_stage[where] = (ctx, args, key[2:])
     ctx, args, rest = got
     return ctx, args, ("stage_points", stage.layers, *rest)
 
 
-def _points_key(stage: Stage, ctx: Ctx, args: dict[str, object],
-                acc: bool) -> tuple[object, ...]:
-    return ("stage_points", stage.layers, _stage_ctx(ctx, args), acc, *args.values())
+def _points_key(stage: Stage, staged: Ctx, args: dict[str, object],
+                acc: bool) -> tuple[object, ...]:  # staged: _stage_ctx of the stage's context
+    return ("stage_points", stage.layers, staged, acc, *args.values())
 
 
 def _stage_ctx(ctx: Ctx, args: dict[str, object]) -> Ctx:
@@ -242,10 +246,13 @@ def graph_attention(spec: ModelSpec, attention: str) -> str:
     return attention
 
 
-def _graph_args(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes
-                ) -> tuple[Ctx, dict[str, object]]:
-    """What ``stage_graph`` is built from for ``stage`` under ``recipe``."""
-    ctx = _context(spec, recipe, dt)
+def _graph_args(spec: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
+                memo: dict[object, object] | None = None) -> tuple[Ctx, dict[str, object]]:
+    """What ``stage_graph`` is built from for ``stage`` under ``recipe``; ``memo``: the context
+    kept by the parts ``_context`` reads (``dt``: precision, engine, parallelism)."""
+    ctx = _context(spec, recipe, dt) if memo is None else kept_by_parts(memo, "context", (
+        recipe.method, recipe.engine, recipe.parallelism, recipe.precision, recipe.batch,
+        recipe.platform, recipe.loss), lambda: kept(memo, _context(spec, recipe, dt)))
     args = dict(first=stage.index == 0, last=stage.index == recipe.parallelism.pp - 1,
                 tp=recipe.parallelism.tp,
                 attention=graph_attention(spec, str(recipe.platform.attention)),
@@ -366,7 +373,7 @@ def _in_lanes(ctx: Ctx, memo: dict[object, object], key: Any, run: Any,
     run gives; its ``k`` results in lane order); when the lanes split, again with the shapes of
     ``ctx``'s sequence only, then ``run(ctx, 0)`` alone (a list of one result), as before."""
     shapes = memo.get(LANE_SHAPES, {}).get(tp, ())  # type: ignore[attr-defined]
-    others = [c for c in (replace(ctx, batch=b, seq=q) for b, q in shapes
+    others = [c for c in (kept(memo, replace(ctx, batch=b, seq=q)) for b, q in shapes
                           if (b, q) != (ctx.batch, ctx.seq)) if key(c) not in memo]
     for group in (others, [c for c in others if c.seq == ctx.seq]):
         if not group:

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
-__all__ = ["Ctx"]
+__all__ = ["Ctx", "kept"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +109,27 @@ class Ctx:
     ``LlamaModel.forward``; measured on CPU: live at every layer with a frozen embedding),
     where the others rebind ``h = layer(h)`` and free it as the first layer returns."""
 
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
+    """``__hash__``'s value once computed: a search's memo keys hash one context many times
+    (forked workers share the hash seed; a context is never pickled)."""
+
+    def __hash__(self) -> int:
+        h = self._hash
+        if h is None:
+            h = hash(tuple([getattr(self, n) for n in _COMPARED]))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     @property
     def tokens(self) -> int:
         return self.batch * self.seq
+
+
+_COMPARED = tuple(f.name for f in fields(Ctx) if f.compare)
+"""The fields ``Ctx.__eq__`` compares, which its hash covers."""
+
+
+def kept(memo: dict[object, object], ctx: Ctx) -> Ctx:
+    """The context in ``memo`` equal to ``ctx`` (``ctx`` itself the first time): the memo's
+    keys then hold one object per context, which a key's comparison takes by identity."""
+    return memo.setdefault(("ctx", ctx), ctx)  # type: ignore[return-value]
