@@ -156,15 +156,17 @@ def _deepspeed_adapter_dtype(recipe: Recipe, p: Problems) -> None:
     """DeepSpeed ZeRO-1/2 with a 16-bit config casts every parameter of the module, PEFT's
     adapters included, to that dtype (``facts.adapter_dtypes`` cites the engine's lines), so
     an ``adapter_dtype`` given otherwise describes no run DeepSpeed makes."""
-    given, kind = str(recipe.method.adapter_dtype), str(recipe.method.kind)
-    if given == "auto" or kind not in FROZEN_BASE or str(recipe.engine_kind) != "deepspeed" \
-            or recipe.parallelism.zero not in (1, 2):
+    given = str(recipe.method.adapter_dtype)
+    if given == "auto" or str(recipe.method.kind) not in FROZEN_BASE:
         return
-    held = state_dtypes(recipe).adapter
+    dt = state_dtypes(recipe)
+    held = dt.adapter  # differs from a given dtype only where DeepSpeed casts
     if held != given:
+        master = " with an fp32 master" if dt.adapter_master else ""
         p.add(f"adapter_dtype={given} with engine=deepspeed, zero={recipe.parallelism.zero} and "
               f"precision={recipe.precision.kind}: DeepSpeed casts every parameter of the "
               f"module to {held} when it wraps it (engine.py _configure_distributed_model), "
-              f"PEFT's adapters included, and keeps their fp32 master in the ZeRO optimizer. "
-              f"Leave adapter_dtype unset (auto: {held} with an fp32 master) or set "
+              f"PEFT's adapters included"
+              + (", and keeps their fp32 master in the ZeRO optimizer" if master else "")
+              + f". Leave adapter_dtype unset (auto: {held}{master}) or set "
               f"adapter_dtype={held}.")

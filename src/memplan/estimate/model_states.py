@@ -52,15 +52,11 @@ _ADAPTER_NAME = {"lora": "LoRA adapters", "qlora": "LoRA adapters", "dora": "DoR
 
 
 def _cast_note(recipe: Recipe, dt: Dtypes) -> str:
-    """Said beside the adapters when DeepSpeed, not the recipe, set their dtype
+    """Said beside the adapters when the engine, not the recipe, set their dtype
     (``adapter_dtype = auto``; ``facts.adapter_dtypes``)."""
-    if str(recipe.method.adapter_dtype) != "auto" or str(recipe.engine_kind) != "deepspeed" \
-            or recipe.parallelism.zero == 0 or dt.compute == "fp32":
+    if str(recipe.method.adapter_dtype) != "auto" or not dt.adapter_by:
         return ""
-    if dt.adapter != "fp32":
-        return ", cast by DeepSpeed; adapter_dtype=auto"
-    return ", PEFT's, kept under zero.Init; adapter_dtype=auto" if recipe.parallelism.zero == 3 \
-        else ""
+    return f", {dt.adapter_by}; adapter_dtype=auto"
 
 
 def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:

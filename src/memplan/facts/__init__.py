@@ -53,6 +53,9 @@ class Dtypes:
     the engine: ``adapter_dtypes``)."""
     adapter_master: bool = False
     """The trainable adapters get a separate fp32 master copy (DeepSpeed's ZeRO optimizer)."""
+    adapter_by: str = ""
+    """Who set ``adapter`` when the engine, not PEFT's default, did (said beside the adapters
+    when ``adapter_dtype = auto``): empty, or e.g. ``cast by DeepSpeed``."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -138,13 +141,14 @@ def dtypes(recipe: Recipe) -> Dtypes:
         d = replace(d, grad="fp32")
     if recipe.precision.frozen_dtype == "fp32":
         d = replace(d, frozen="fp32")
-    adapter, master = adapter_dtypes(recipe, d)
-    return replace(d, adapter=adapter, adapter_master=master)
+    adapter, master, by = adapter_dtypes(recipe, d)
+    return replace(d, adapter=adapter, adapter_master=master, adapter_by=by)
 
 
-def adapter_dtypes(recipe: Recipe, d: Dtypes) -> tuple[str, bool]:
-    """The storage dtype of PEFT adapters and whether the optimizer keeps an fp32 master of
-    them, under the recipe's engine and the model-state dtypes ``d``.
+def adapter_dtypes(recipe: Recipe, d: Dtypes) -> tuple[str, bool, str]:
+    """The storage dtype of PEFT adapters, whether the optimizer keeps an fp32 master of
+    them, and who decided (``Dtypes.adapter_by``), under the recipe's engine and the
+    model-state dtypes ``d``.
 
     - Every engine but DeepSpeed steps the adapters as PEFT leaves them: ``adapter_dtype``,
       ``auto`` = fp32 (PEFT ``autocast_adapter_dtype=True`` upcasts 16-bit adapters, peft
@@ -173,9 +177,11 @@ def adapter_dtypes(recipe: Recipe, d: Dtypes) -> tuple[str, bool]:
     peft = "fp32" if given == "auto" else given
     if str(recipe.engine_kind) != "deepspeed" or recipe.parallelism.zero == 0 \
             or d.param not in ("bf16", "fp16"):
-        return peft, False  # ZeRO-0 under DeepSpeed is modelled as AMP (the "0" rows)
+        return peft, False, ""  # ZeRO-0 under DeepSpeed is modelled as AMP (the "0" rows)
     master = d.master is not None
-    return (d.param if recipe.parallelism.zero < 3 else peft), master
+    if recipe.parallelism.zero < 3:
+        return d.param, master, "cast by DeepSpeed"
+    return peft, master, "PEFT's, kept under zero.Init"
 
 
 def state_dtypes(recipe: Recipe) -> Dtypes:

@@ -186,9 +186,9 @@ class Space:
         # litgpt's two losses are a framework's fixed code path, not a knob: not searched
         losses = self._choices("loss", [str(k) for k in LossKind if k not in (
             LossKind.CHUNKED_HEAD, LossKind.CHUNKED_CE)])
-        platforms = [_made(lambda: replace(base.platform, attention=Attention(at)))
-                     for at in attns]
-        loss_parts = [_made(lambda: Loss(kind=LossKind(loss))) for loss in losses]
+        platforms = _made([lambda at=at: replace(base.platform, attention=Attention(at))
+                           for at in attns])
+        loss_parts = _made([lambda loss=loss: Loss(kind=LossKind(loss)) for loss in losses])
         shared: dict[object, object] = {}
         for tp, cp, pp, v, ep, sp in self.degrees(model):
             dp = self.gpus // (tp * cp * pp)
@@ -212,8 +212,6 @@ class Space:
                     for ck in ckpts:
                         for platform in platforms:
                             for loss in loss_parts:
-                                if platform is None or loss is None:
-                                    continue
                                 try:
                                     yield replace(r0, batch=batch, checkpointing=ck,
                                                   platform=platform, loss=loss)
@@ -229,10 +227,14 @@ def _shared(seen: dict[object, object], part: T) -> T:
     return seen.setdefault(part, part)  # type: ignore[return-value]
 
 
-def _made(make: Callable[[], T]) -> T | None:
-    """``make()``, or None where the part's own checks refuse it (``ConfigError``): the
-    candidates with it are skipped, as when it is made per candidate."""
-    try:
-        return make()
-    except ConfigError:
-        return None
+def _made(makers: list[Callable[[], T]]) -> list[T]:
+    """Each maker's part, in order, leaving out those the part's own checks refuse
+    (``ConfigError``): the candidates with them are skipped, as when a part is made per
+    candidate."""
+    out = []
+    for make in makers:
+        try:
+            out.append(make())
+        except ConfigError:
+            continue
+    return out
