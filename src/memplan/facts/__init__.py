@@ -134,7 +134,7 @@ def dtypes(recipe: Recipe) -> Dtypes:
     its fp32 shard and AdamW states, no 16-bit copy and no separate master). DeepSpeed and
     Megatron keep 16-bit parameters beside an fp32 master (the ``"1+"`` rows)."""
     p, rows = str(recipe.precision.kind), _dtype_rows()
-    torch_sharding = str(recipe.engine_kind) in ("fsdp1", "fsdp2", "torchtitan")
+    torch_sharding = str(recipe.engine_kind) in _TORCH_SHARDED
     zero = "1+" if recipe.parallelism.zero >= 1 and not torch_sharding else "0"
     d = rows.get((p, "any")) or rows[(p, zero)]
     if recipe.precision.grad_dtype == "fp32":
