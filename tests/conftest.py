@@ -32,3 +32,28 @@ def pytest_itemcollected(item):
         item.add_marker(pytest.mark.skip(
             reason="kept out of CI's time budget: MEMPLAN_FULL=1 runs it "
                    "(last result: validation/full_tests.md)"))
+
+
+def _cache_typer_commands() -> None:
+    """Build each Typer app's click command once per test process. ``typer.testing.CliRunner``
+    rebuilds it from the functions' signatures on every ``invoke`` (about 60 ms for memplan's
+    app: three quarters of an invocation that stops at a bad argument), and the tests invoke the
+    CLI thousands of times. The command is the same object the real ``memplan`` builds once
+    per process; the app is not changed after import."""
+    import typer.testing
+
+    build = getattr(typer.testing, "_get_command", None)
+    if build is None:  # another typer layout: keep its own behaviour
+        return
+    built: dict[int, tuple[object, object]] = {}
+
+    def cached(app):  # type: ignore[no-untyped-def]
+        hit = built.get(id(app))
+        if hit is None or hit[0] is not app:
+            hit = built[id(app)] = (app, build(app))
+        return hit[1]
+
+    typer.testing._get_command = cached
+
+
+_cache_typer_commands()
