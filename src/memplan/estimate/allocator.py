@@ -117,12 +117,12 @@ class _Pool:
         self.unmapped: dict[int, Block] = {}
 
     def insert(self, b: Block) -> None:
-        k = b.key
+        k = (b.size, b.ptr)  # Block.key, spelled out: the replay's innermost call
         insort(self.keys, k)
         self.blocks[k] = b
 
     def erase(self, b: Block) -> None:
-        k = b.key
+        k = (b.size, b.ptr)
         del self.keys[bisect_left(self.keys, k)]
         del self.blocks[k]
 
@@ -149,7 +149,7 @@ class Allocator:
     # -- malloc -------------------------------------------------------------------------------
     def malloc(self, nbytes: int) -> Block:
         """``malloc``: a block of ``round_size(nbytes)`` bytes."""
-        size = round_size(nbytes)
+        size = K_MIN_BLOCK * ((nbytes + K_MIN_BLOCK - 1) // K_MIN_BLOCK) or K_MIN_BLOCK
         pool = self.pools[size <= K_SMALL_SIZE]
         block = self._get_free_block(pool, size)
         if block is None:
@@ -174,8 +174,10 @@ class Allocator:
         block.allocated, block.requested = True, nbytes
         self.allocated += block.size
         self.requested += nbytes
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
-        self.peak_requested = max(self.peak_requested, self.requested)
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
+        if self.requested > self.peak_requested:
+            self.peak_requested = self.requested
         return block
 
     def _should_split(self, block: Block, size: int) -> bool:
@@ -282,8 +284,11 @@ class Allocator:
         self.allocated -= block.size
         self.requested -= block.requested
         pool = self.pools[block.small]
-        for other in (block.prev, block.next):
-            self._merge(block, other, pool)
+        prev, nxt = block.prev, block.next
+        if prev is not None and not prev.allocated:
+            self._merge(block, prev, pool)
+        if nxt is not None and not nxt.allocated:
+            self._merge(block, nxt, pool)
         pool.insert(block)
 
     @staticmethod
