@@ -57,3 +57,30 @@ def _cache_typer_commands() -> None:
 
 
 _cache_typer_commands()
+
+SHARED_FILES = {
+    "tests/golden/test_memory_published.py": "golden comparison",
+    "tests/test_underestimates.py": "golden comparison",
+    "tests/test_accuracy_claims.py": "golden comparison",
+    "tests/golden/test_throughput_published.py": "golden comparison",
+    "tests/test_activation_accuracy.py": "golden comparison",
+}
+"""Test files that one xdist worker runs one after another: ``scripts/accuracy_claims.py`` (and
+``scripts/underestimates.py``) check tables computed from the whole golden comparison
+(``test_memory_published._predicted``, about 50 CPU s), the throughput rows
+(``validate.throughput.evaluate``) and the CPU matrix (``test_activation_accuracy._estimate``),
+each kept in the process, which another worker would compute again."""
+
+
+def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
+    """``--dist loadfile`` (CI's), with the files of ``SHARED_FILES`` sent as one unit."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedFiles(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return SHARED_FILES.get(scope, scope)
+
+    return SharedFiles(config, log)

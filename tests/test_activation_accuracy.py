@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,7 @@ def _spec(name: str, attn: str):
     return from_hf_config(cfg_cls(**kw, attn_implementation=attn).to_dict(), name)
 
 
+@cache  # scripts/accuracy_claims.py estimates the same matrix in the same worker (conftest)
 def _estimate(name, batch, seq, precision, attn, ckpt, optimizer="adamw", method="full"):
     recipe = Recipe.of(precision=PRECISION[precision], micro_batch=batch, seq_len=seq,
                     attention=attn, checkpointing="full" if ckpt else "none", device="cpu",
