@@ -108,18 +108,28 @@ def test_cuda_trace_runs_without_touching_gpu_memory():
 
 
 def test_cli_trace_json_and_errors():
+    """The JSON through a real ``python -m memplan`` process; the table and the refusal through
+    the same entry point in this process (each process of its own imports torch again)."""
+    from typer.testing import CliRunner
+
+    from memplan.cli import app
+
     case = QUICK[0]
-    args = [sys.executable, "-m", "memplan", "trace", case.model, "--device", "cpu",
-            "--precision", "32-true", "--micro-batch", "2", "--seq-len", "128"]
-    out = subprocess.run(args + ["--format", "json"], capture_output=True, text=True, check=True)
+    args = ["trace", case.model, "--device", "cpu", "--precision", "32-true", "--micro-batch", "2",
+            "--seq-len", "128"]
+    out = subprocess.run([sys.executable, "-m", "memplan", *args, "--format", "json"],
+                         capture_output=True, text=True, check=True)
     data = json.loads(out.stdout)
     assert data["source"] == "trace"
     assert data["gpu"]["peak_allocated_bytes"] == sum(r["total"] for r in data["modules_at_peak"])
-    table = subprocess.run(args, capture_output=True, text=True, check=True).stdout
-    assert "by module at the peak" in table and "model.layers.0" in table
-    bad = subprocess.run(args + ["--optimizer", "lion"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr
-    assert "optimizer=lion" in bad.stderr
+    runner = CliRunner()
+    table = runner.invoke(app, args)
+    assert table.exit_code == 0, table.output
+    assert "by module at the peak" in table.output and "model.layers.0" in table.output
+    bad = runner.invoke(app, [*args, "--optimizer", "lion"])
+    assert bad.exit_code == 2, bad.output
+    assert bad.exception is None or isinstance(bad.exception, SystemExit)
+    assert "optimizer=lion" in bad.output and "Traceback" not in bad.output
 
 
 def test_adafactor_is_refused_by_the_tracer_only():
