@@ -284,11 +284,9 @@ class Allocator:
         self.allocated -= block.size
         self.requested -= block.requested
         pool = self.pools[block.small]
-        prev, nxt = block.prev, block.next
-        if prev is not None and not prev.allocated:
-            self._merge(block, prev, pool)
-        if nxt is not None and not nxt.allocated:
-            self._merge(block, nxt, pool)
+        for other in (block.prev, block.next):
+            if other is not None and not other.allocated:
+                self._merge(block, other, pool)
         pool.insert(block)
 
     @staticmethod
