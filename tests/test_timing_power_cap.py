@@ -22,11 +22,11 @@ MEASURED = {200: 9699.3, 300: 17982.3, 400: 24853.4, 500: 27705.3, 600: 29250.0,
 
 def test_every_curve_is_sourced_and_well_formed():
     curves = power_cap_curves()
-    assert sum(c["used"] for c in curves if c["arch"] == "hopper") == 1
+    assert sum(c.used for c in curves if c.arch == "hopper") == 1
     for c in curves:
-        assert c["source"] and c["board"] and c["workload"]
-        assert len(c["cap_w"]) == len(c["value"]) and c["rated_w"] in c["cap_w"]
-        assert c["cap_w"] == sorted(c["cap_w"])
+        assert c.source and c.board and c.workload and c.rated_w in c.cap_w and list(c.cap_w) == sorted(c.cap_w)
+        assert len(c.cap_w) == len(c.value)
+        assert c.shares()[-1] == (1.0, 1.0)
 
 
 def test_measured_share_interpolates_the_sweep():

@@ -27,24 +27,60 @@ average of a training step and so loses more (errs fast).
 from __future__ import annotations
 
 import tomllib
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
 from ..hardware import Device
 
-__all__ = ["capped_board_share", "measured_cap_share", "power_cap_curves"]
+__all__ = ["CapCurve", "capped_board_share", "measured_cap_share", "power_cap_curves"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CapCurve:
+    """One publication's sweep of one workload on one board over power caps."""
+
+    name: str
+    """Key of the curve in ``power_caps.toml``."""
+    arch: str
+    """GPU architecture of the board (``hopper``)."""
+    used: bool
+    """True for the curve the model reads for ``arch``; False = recorded as evidence only."""
+    rated_w: float
+    """The board's rated power, W: the cap whose value is the share's denominator."""
+    cap_w: tuple[float, ...]
+    """The caps set, W, ascending."""
+    value: tuple[float, ...]
+    """The measured figure at each cap (``metric`` of the data file)."""
+    board: str
+    """The board measured (memory, rated power, node)."""
+    workload: str
+    """What ran while the caps were set."""
+    source: str
+    """Publication, table or figure."""
+
+    def shares(self) -> tuple[tuple[float, float], ...]:
+        """(cap / rated power, value / value at the rated power) for every measured cap."""
+        full = self.value[self.cap_w.index(self.rated_w)]
+        return tuple((w / self.rated_w, v / full) for w, v in zip(self.cap_w, self.value,
+                                                                    strict=True))
 
 
 @cache
-def power_cap_curves() -> tuple[dict, ...]:
-    """Every ``[[curve]]`` of ``power_caps.toml`` (used or evidence only), as read."""
+def power_cap_curves() -> tuple[CapCurve, ...]:
+    """Every ``[[curve]]`` of ``power_caps.toml`` (used or evidence only)."""
     text = resources.files(__package__).joinpath("power_caps.toml").read_text()
-    return tuple(tomllib.loads(text)["curve"])
+    return tuple(CapCurve(name=c["name"], arch=c["arch"], used=c["used"],
+                          rated_w=float(c["rated_w"]),
+                          cap_w=tuple(float(w) for w in c["cap_w"]),
+                          value=tuple(float(v) for v in c["value"]), board=c["board"],
+                          workload=c["workload"], source=c["source"])
+                 for c in tomllib.loads(text)["curve"])
 
 
-def _used_curve(arch: str) -> dict | None:
+def _used_curve(arch: str) -> CapCurve | None:
     """The curve the model reads for ``arch`` (``used = true``), None without one."""
-    used = [c for c in power_cap_curves() if c["arch"] == arch and c["used"]]
+    used = [c for c in power_cap_curves() if c.arch == arch and c.used]
     return used[0] if used else None
 
 
@@ -58,9 +94,7 @@ def measured_cap_share(arch: str, fraction: float) -> float | None:
         return None
     if fraction >= 1.0:
         return 1.0
-    rated = curve["rated_w"]
-    points = [(w / rated, v / curve["value"][curve["cap_w"].index(rated)])
-              for w, v in zip(curve["cap_w"], curve["value"], strict=True)]
+    points = curve.shares()
     if fraction <= points[0][0]:
         return points[0][1]
     for (x0, y0), (x1, y1) in zip(points, points[1:]):
