@@ -24,7 +24,8 @@ def test_every_curve_is_sourced_and_well_formed():
     curves = power_cap_curves()
     assert sum(c.used for c in curves if c.arch == "hopper") == 1
     for c in curves:
-        assert c.source and c.board and c.workload and c.rated_w in c.cap_w and list(c.cap_w) == sorted(c.cap_w)
+        assert c.source and c.board and c.workload
+        assert c.rated_w in c.cap_w and list(c.cap_w) == sorted(c.cap_w)
         assert len(c.cap_w) == len(c.value)
         assert c.shares()[-1] == (1.0, 1.0)
 
