@@ -32,11 +32,10 @@ points: it errs slow, not fast. The share is that rate over the architecture's m
 TFLOP/s, so a 132-SM board keeps it down to about 600 W), at most 1; it scales the GEMMs
 (``base_matmul_efficiency``) and the attention kernels (``kernels.attention_efficiency``)
 alike. Other architectures (no two-board measurement) and devices without an SM count or power
-figure get 1. A board capped below its
-own rated power (``power_limit_w < tdp_w``) gets at most the share the same board was measured
-to keep at that fraction of its power (``power_cap.py``: Mayr et al. 2026, an H100 SXM training
-Llama 3 8B at 200-700 W caps; 0.915 at 500 W, 0.966 at 600 W), which the line exceeds at 600 W
-and below 300 W.
+figure get 1. A board capped below its own rated power (``power_limit_w < tdp_w``) gets at most
+the share the same board was measured to keep at that fraction of its power (``power_cap.py``:
+Mayr et al. 2026, an H100 SXM training Llama 3 8B at 200-700 W caps; 0.915 at 500 W, 0.966 at
+600 W), which the line exceeds at 600 W and at 300 W and below.
 
 **Known limitations**: every tile is taken at the large tile's per-tile efficiency (the guide
 ranks smaller tiles less efficient but gives no factor), so small GEMMs are optimistic; split-K
