@@ -29,9 +29,13 @@ SM; 0.65 of its datasheet peak against the SXM's 0.806). The rate per SM at the 
 slowly with power (dynamic power ~ f V^2), the chord lies below the true curve between the
 points: it errs slow, not fast. The share is that rate over the architecture's measured one
 (``matmul_efficiency_<arch>`` x the peak per SM: for Hopper the 700 W node's sustained 727
-TFLOP/s, so a 132-SM board keeps it down to about 600 W), at most 1; it scales the GEMMs (``base_matmul_efficiency``) and the attention
-kernels (``kernels.attention_efficiency``) alike. Other architectures (no two-board
-measurement) and devices without an SM count or power figure get 1.
+TFLOP/s, so a 132-SM board keeps it down to about 600 W), at most 1; it scales the GEMMs
+(``base_matmul_efficiency``) and the attention kernels (``kernels.attention_efficiency``)
+alike. Other architectures (no two-board measurement) and devices without an SM count or power
+figure get 1. A board capped below its own rated power (``power_limit_w < tdp_w``) gets at most
+the share the same board was measured to keep at that fraction of its power (``power_cap.py``:
+Mayr et al. 2026, an H100 SXM training Llama 3 8B at 200-700 W caps; 0.915 at 500 W, 0.966 at
+600 W), which the line exceeds at 600 W and at 300 W and below.
 
 **Known limitations**: every tile is taken at the large tile's per-tile efficiency (the guide
 ranks smaller tiles less efficient but gives no factor), so small GEMMs are optimistic; split-K
@@ -47,6 +51,7 @@ from functools import cache
 
 from ..facts.constants import constant, constants
 from ..hardware import Device
+from .power_cap import capped_board_share
 
 __all__ = ["base_matmul_efficiency", "gemm_efficiency", "measured_matmul_efficiency",
            "power_limited_share", "quantization", "reference_quantization"]
@@ -83,15 +88,18 @@ def sustained_tflops_per_sm(arch: str, watts_per_sm: float) -> float | None:
 
 def power_limited_share(device: Device) -> float:
     """Share of the architecture's measured GEMM rate (``_arch_efficiency`` x the 16-bit peak
-    per SM) that ``device``'s power limit sustains, at most 1 (module docstring); 1 when the catalog lacks
-    the SM count, the power or the 16-bit peak, or the architecture has no measurement."""
+    per SM) that ``device``'s power limit sustains, at most 1 (module docstring), and at most the
+    same-board measurement's share for a board capped below its rated power
+    (``power_cap.capped_board_share``); 1 when the catalog lacks the SM count, the power or the
+    16-bit peak, or the architecture has no measurement."""
+    cap = capped_board_share(device)
     peak = (device.tflops or {}).get("bf16") or (device.tflops or {}).get("fp16")
     if not (device.sm_count and device.power_w and peak):
-        return 1.0
+        return cap
     rate = sustained_tflops_per_sm(device.arch, device.power_w / device.sm_count)
     if rate is None:
-        return 1.0
-    return min(1.0, rate / (_arch_efficiency(device) * peak / device.sm_count))
+        return cap
+    return min(1.0, rate / (_arch_efficiency(device) * peak / device.sm_count), cap)
 
 
 def reference_quantization(device: Device) -> float:
