@@ -107,6 +107,7 @@ def test_cli_plan_json_and_save_best_round_trip(tmp_path) -> None:  # type: igno
       "params+optimizer", "--engine", "torchtitan", "--tp", "8"], "--load sharded"),
     (["meta-llama/Llama-3.2-1B", "--gpus", "2", "--cp", "2", "--seq-len", "2047"],
      "candidate recipes applies"),
+    (["meta-llama/Llama-3.2-1B", "--gpus", "2", "--jobs", "-1"], "--jobs -1 is negative"),
 ])
 def test_cli_plan_bad_input_exits_2_without_traceback(args: list[str], match: str) -> None:
     r = runner.invoke(app, ["plan", *args])

@@ -169,8 +169,9 @@ def plan_command(
     load: Annotated[str | None, host_option("load")] = None,
     workers: Annotated[int | None, host_option("workers")] = None,
     prefetch: Annotated[int | None, host_option("prefetch")] = None,
-    jobs: Annotated[int, Opt(help="Worker processes evaluating candidates (searches over "
-                                  "500 candidates; fork only).")] = 1,
+    jobs: Annotated[int, Opt(help="Worker processes evaluating candidates: 0 = one per "
+                                  "usable CPU core, 1 = this process only (searches over 500 "
+                                  "candidates; fork only; the same plans either way).")] = 0,
     top: Annotated[int, Opt(help="Plans in the ranked table.")] = 10,
     save_best: Annotated[Path | None, Opt(help="Write the best plan as a recipe TOML for "
                                                "`memplan estimate --recipe`.")] = None,
@@ -183,11 +184,15 @@ def plan_command(
     held."""
     if format not in ("table", "json"):
         fail(f"--format {format!r} is not one of table, json.")
+    if jobs < 0:
+        fail(f"--jobs {jobs} is negative: give a number of worker processes, or 0 for one per "
+             "usable CPU core (the default).")
     flags = dict(flags or {})
 
     def run() -> Any:
         from .model import load_model
         from .plan import plan
+        from .plan.parallel import usable_cores
         from .plan.fit import check_fits
 
         cluster = cluster_from_options(gpu=gpu, node=node, nodes=nodes, flags=flags,
@@ -201,7 +206,7 @@ def plan_command(
         bar = _Bar(f"planning {spec.id}")
         try:
             res = plan(spec, job, cluster, fixed=fixed, global_batch=global_batch, setup=setup,
-                       progress=bar, workers=jobs)
+                       progress=bar, workers=jobs or usable_cores())
         finally:
             bar.close()
         check_fits(res)

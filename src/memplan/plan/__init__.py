@@ -152,7 +152,8 @@ def _plan(spec: ModelSpec, base: Recipe, cluster: Cluster, *, fixed: frozenset[s
                             for tp, v in shapes.items()}
     rows = []
     if workers > 1 and len(candidates) >= 500 and evaluator is None and can_fork():
-        rows = list(evaluate_all(spec, cluster, setup, candidates, workers, progress))
+        rows = list(evaluate_all(spec, cluster, setup, candidates, workers, progress,
+                                 memo={LANE_SHAPES: ev.memo[LANE_SHAPES]}))
     else:
         for i, r in enumerate(candidates):
             e = ev.evaluate(r)

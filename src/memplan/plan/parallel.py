@@ -2,8 +2,10 @@
 ``Evaluator`` and memo; the numbers are the estimator's either way.
 
 Candidates are sorted by what their activation simulation depends on (tp, sp, cp, pp, virtual
-stages, micro-batch, checkpointing, kernel, loss) and cut into contiguous chunks, so a worker's
-memo is reused inside a chunk.
+stages, checkpointing, kernel, loss, then micro-batch) and cut into contiguous chunks, so a
+worker's memo is reused inside a chunk. Each worker's memo starts with the search's lane shapes
+(``activations.LANE_SHAPES``), as the single-process search's does: one simulation of a context
+then serves every micro-batch of it, in whichever worker meets the context first.
 """
 
 from __future__ import annotations
@@ -16,10 +18,21 @@ from ..model.spec import ModelSpec
 from ..recipe import Recipe
 from .evaluate import Cluster, Evaluated, Evaluator
 
-__all__ = ["evaluate_all", "can_fork"]
+__all__ = ["evaluate_all", "can_fork", "usable_cores"]
 
 _STATE: dict[str, Evaluator] = {}
 _JOB: dict[str, object] = {}
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one: a container's
+    or ``taskset``'s limit, not the machine's count)."""
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
 
 
 def can_fork() -> bool:
@@ -29,28 +42,30 @@ def can_fork() -> bool:
 
 def _key(r: Recipe) -> tuple[object, ...]:
     p = r.parallelism
-    return (p.tp, p.sequence_parallel, p.cp, p.pp, p.pp_virtual, r.batch.micro_batch,
-            repr(r.checkpointing), str(r.platform.attention), str(r.loss.kind))
+    return (p.tp, p.sequence_parallel, p.cp, p.pp, p.pp_virtual, repr(r.checkpointing),
+            str(r.platform.attention), str(r.loss.kind), r.batch.micro_batch)
 
 
 def _chunk(bounds: tuple[int, int]) -> list[Evaluated | None]:
     ev = _STATE.get("ev")
     if ev is None:
         ev = _STATE["ev"] = Evaluator(_JOB["spec"], _JOB["cluster"], _JOB["setup"])  # type: ignore[arg-type]
+        ev.memo.update(_JOB["memo"])  # type: ignore[arg-type]
     cands: list[Recipe] = _JOB["candidates"]  # type: ignore[assignment]
     return [ev.evaluate(r) for r in cands[bounds[0]:bounds[1]]]
 
 
 def evaluate_all(spec: ModelSpec, cluster: Cluster, setup: HostSetup | None,
                  candidates: list[Recipe], workers: int,
-                 progress: Callable[[int, int], None] | None = None) -> Iterator[Evaluated]:
+                 progress: Callable[[int, int], None] | None = None,
+                 memo: dict[object, object] | None = None) -> Iterator[Evaluated]:
     """Every candidate's ``Evaluated`` (None for those the estimator refuses is dropped), in
-    an order sorted by ``_key``."""
+    an order sorted by ``_key``; ``memo``: entries each worker's memo starts with."""
     order = sorted(candidates, key=_key)
     n = len(order)
     size = max(64, n // (workers * 8))
     chunks = [(i, min(n, i + size)) for i in range(0, n, size)]
-    _JOB.update(spec=spec, cluster=cluster, setup=setup, candidates=order)
+    _JOB.update(spec=spec, cluster=cluster, setup=setup, candidates=order, memo=dict(memo or {}))
     _STATE.clear()
     done = 0
     try:
