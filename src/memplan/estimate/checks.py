@@ -167,6 +167,6 @@ def _deepspeed_adapter_dtype(recipe: Recipe, p: Problems) -> None:
               f"precision={recipe.precision.kind}: DeepSpeed casts every parameter of the "
               f"module to {held} when it wraps it (engine.py _configure_distributed_model), "
               f"PEFT's adapters included"
-              + (", and keeps their fp32 master in the ZeRO optimizer" if master else "")
+              + (", and keeps their fp32 master in its optimizer" if master else "")
               + f". Leave adapter_dtype unset (auto: {held}{master}) or set "
               f"adapter_dtype={held}.")

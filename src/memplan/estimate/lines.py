@@ -27,4 +27,5 @@ class Line:
     stepping: str = ""
     """Exists while parameters are stepped inside the backward (optimizer in backward):
     ``during`` from the first parameter gradient on, except at the backward's last moment;
-    ``after`` only at the backward's last moment (the embedding's step); '' always."""
+    ``after`` only at the backward's last moment (the embedding's step; DeepSpeed ZeRO-0's
+    gradient all-reduce, which runs after the autograd backward); '' always."""

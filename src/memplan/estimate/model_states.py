@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from ..breakdown import ALL_PHASES, Category, Item, Phase, Pool
-from ..facts import Dtypes
+from ..facts import Dtypes, deepspeed_16bit
 from ..facts.constants import constant
 from ..recipe import Recipe
 from ..units import dtype_bytes
@@ -180,6 +180,8 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
             phases=grad_phases, grows=not persistent,
             formula=(f"elements of the FSDP1 units with a trainable parameter x {gb:g} B"
                      if flat_mix else f"trainable elements x {gb:g} B"))
+    if deepspeed_16bit(recipe):
+        items += _fp16_optimizer_step(recipe, trainable)
     if dt.master and z >= 1 and off == "none" and gb < 4:
         # DeepSpeed ZeRO-3 sub_group_size: the optimizer steps this many elements at a time
         limit = int(constant("ds_sub_group_elements")) if z == 3 else None
@@ -219,8 +221,10 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
     # torch optimizers allocate states like the parameter: fp32 adapters get fp32 states.
     # A torch optimizer (DDP, and FSDP1/FSDP2/torchtitan over their shards) creates them in
     # the first step() (torch/optim/adam.py _init_group); DeepSpeed builds them at init
-    # (stage_1_and_2.py / stage3.py initialize_optimizer_states).
-    torch_opt = z == 0 or str(recipe.engine_kind) in ("fsdp1", "fsdp2", "torchtitan")
+    # (stage_1_and_2.py / stage3.py initialize_optimizer_states; ZeRO-0's FP16_Optimizer
+    # steps once on zero gradients in its initialize_optimizer_states).
+    torch_opt = (z == 0 and not deepspeed_16bit(recipe)) \
+        or str(recipe.engine_kind) in ("fsdp1", "fsdp2", "torchtitan")
     adapter_state = "fp32" if dt.state == "fp32" else dt.adapter
     # bitsandbytes' paged optimizers keep their states in CUDA managed memory (functional.py
     # get_paged: cget_managed_ptr, cudaMallocManaged): on the GPU while resident, outside
@@ -243,8 +247,8 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
     if dt.adapter_master:
         add(Category.OPTIMIZER, "fp32 master of the adapters", [(h, h.numel * 4.0)
                                                                  for h in adapters],
-            shard=True, pool=state_pool,
-            formula="4 B per trainable adapter element: DeepSpeed's ZeRO optimizer clones "
+            shard=z >= 1, pool=state_pool,
+            formula="4 B per trainable adapter element: DeepSpeed's optimizer clones "
             "every trainable parameter to fp32, PEFT's adapters as well "
             "(facts.adapter_dtypes)")
 
@@ -308,6 +312,8 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
     elif recipe.parallelism.zero in (1, 2) and recipe.parallelism.dp == 1 and deepspeed \
             and recipe.engine.contiguous_gradients and t_numel:
         out.append(_reduce_bucket(recipe, gb))
+    elif recipe.parallelism.zero == 0 and deepspeed and t_numel:
+        out.append(_deepspeed_allreduce_bucket(trainable, gb))  # also on one rank
     elif recipe.parallelism.dp > 1 and t_numel:
         if recipe.parallelism.zero == 0:
             out.append(_line(
@@ -339,6 +345,51 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
                 formula=f"allgather_bucket_size = {eng.allgather_bucket_size:.3g} elements for "
                 "the updated trainable parameters (DeepSpeed all_gather_dp_groups)"))
     return out
+
+
+def _fp16_optimizer_step(recipe: Recipe, trainable: list[Held]) -> list[Line]:
+    """DeepSpeed ZeRO-0 with a 16-bit config (``facts.deepspeed_16bit``): ``FP16_Optimizer.step``
+    (deepspeed/runtime/fp16/fused_optimizer.py, 0.19.8; the wrapper of FusedAdam, which an
+    ``optimizer.type`` of Adam/AdamW builds) makes, per parameter group, ``grads_groups_flat =
+    _flatten_dense_tensors([p.grad.to(fp32) for p in group])``: an fp32 copy of every 16-bit
+    gradient, then their concatenation, while the 16-bit gradients are still held (``p.grad =
+    None`` follows). The flat fp32 gradient is the basic optimizer's ``.grad`` through its step
+    and dropped after it. Known deviation: ``FP16_UnfusedOptimizer`` (any other optimizer, e.g.
+    ``torch_adam``) converts each gradient to fp32 without the concatenation, 4 B per element
+    less than counted here."""
+    out = []
+    for name, what in (("fp32 flat gradients (optimizer step)",
+                        "torch.cat of the fp32 copies, the fp32 master's .grad through the step"),
+                       ("fp32 copies of the 16-bit gradients (flatten input)",
+                        "p.grad.to(fp32) for every trainable tensor, alive until the cat")):
+        n = sum(h.numel for h in trainable) * 4
+        if n:
+            out.append(Line(Item(
+                category=Category.GRADIENTS if name.startswith("fp32 flat") else
+                Category.TEMPORARY, name=name, bytes=n,
+                formula=f"trainable elements x 4 B: {what} (DeepSpeed ZeRO-0 FP16_Optimizer.step, "
+                "runtime/fp16/fused_optimizer.py)"), (O,)))
+    return out
+
+
+def _deepspeed_allreduce_bucket(trainable: list[Held], gb: float) -> Line:
+    """DeepSpeed ZeRO-0's gradient all-reduce at the end of the backward (``engine.backward``
+    -> ``allreduce_gradients`` -> ``buffered_allreduce_fallback``, deepspeed/runtime/engine.py
+    0.19.8): ``allreduce_bucket`` flattens a bucket of gradients (``self.flatten``, a copy),
+    reduces it and copies it back, bucket by bucket, on any number of ranks. No gradient
+    bucket is kept, unlike torch DDP's: the copy exists at the backward's end only, when the
+    activations are freed (``stepping = "after"``; measured on the ZeRO-0 cases of
+    ``validation/dist_nproc2.json``: counted through the whole backward it put the backward
+    peak 2 B per trainable element too high)."""
+    limit = int(constant("ds_allreduce_bucket_elements"))
+    numel = [h.numel for h in trainable]
+    n = min(sum(numel), limit + max(numel))
+    return Line(Item(category=Category.COMMUNICATION, name="DeepSpeed all-reduce bucket (ZeRO-0)",
+                     bytes=math.ceil(n * gb),
+                     formula=f"min(trainable elements, {limit:.3g} + the largest tensor) x "
+                     f"{gb:g} B: the gradients flattened for the all-reduce after the backward "
+                     "(DeepSpeed engine.py allreduce_no_retain, MEMORY_OPT_ALLREDUCE_SIZE)"),
+                (B,), stepping="after")
 
 
 def _reduce_bucket(recipe: Recipe, gb: float) -> Line:

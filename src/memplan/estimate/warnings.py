@@ -4,6 +4,7 @@ does not have. They go into the result's notes; nothing the user gave is changed
 
 from __future__ import annotations
 
+from ..facts import deepspeed_16bit
 from ..hardware import Device
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
@@ -23,6 +24,15 @@ def recipe_warnings(model: ModelSpec, recipe: Recipe, device: Device) -> tuple[s
                    "step: the pipeline never fills and most stages idle (bubble fraction "
                    f"(pp-1)/(m+pp-1) = {(par.pp - 1) / (recipe.batch.grad_accum + par.pp - 1):.0%})."
                    f" Use grad_accum >= {par.pp} (typically >= {4 * par.pp}).")
+    if deepspeed_16bit(recipe):
+        half = "bf16" if recipe.precision.kind == "bf16-mixed" else "fp16"
+        out.append(f"engine=deepspeed at zero=0 with precision={recipe.precision.kind} is "
+                   f"assumed to run as DeepSpeed >= 0.17.6 runs it: the whole model cast to "
+                   f"{half} (PEFT's adapters too), FP16_Optimizer over FusedAdam with an fp32 "
+                   "master of the trainable parameters on every rank, no autocast "
+                   "(engine.py _do_optimizer_sanity_check -> _configure_fp16_optimizer); "
+                   "DeepSpeed < 0.17.6 took BF16_Optimizer for bf16, with fp32 gradient "
+                   "buffers, which is not modelled.")
     cc = _capability(device)
     if cc is not None and recipe.platform.device != "cpu":
         if cc < 8.0 and str(recipe.precision.kind).startswith("bf16"):

@@ -140,7 +140,12 @@ class Recipe:
             p.add(f"lora_dropout={m.lora_dropout} with method={m.kind}: {why}. Use "
                   f"lora_dropout=0, or one of {', '.join(DROPOUT_METHODS)}.")
         impl = self.optimizer.impl
-        if impl != "auto" and par.zero >= 1 and str(self.engine_kind) in ("deepspeed", "megatron"):
+        # DeepSpeed at ZeRO-0 with a 16-bit config: FP16_Optimizer over its FusedAdam, a 16-bit
+        # model and an fp32 master like ZeRO-1/2 (facts.deepspeed_16bit cites the engine)
+        ds16 = (str(self.engine_kind) == "deepspeed" and par.zero == 0
+                and str(self.precision.kind) in ("bf16-mixed", "16-mixed"))
+        if impl != "auto" and (par.zero >= 1 or ds16) \
+                and str(self.engine_kind) in ("deepspeed", "megatron"):
             p.add(f"optimizer_impl={impl} picks a torch.optim implementation, but "
                   f"{self.engine_kind} at zero={par.zero} steps its own fused Adam. Use "
                   "optimizer_impl=auto, or an engine that steps torch.optim (ddp, fsdp1, fsdp2, "
@@ -152,12 +157,18 @@ class Recipe:
             p.add(f"frozen_dtype=fp32 keeps a frozen fp32 base under autocast, but "
                   f"precision={prec.kind} has no autocast ({why}). Use a -mixed precision or "
                   "frozen_dtype=auto.")
-        elif (prec.frozen_dtype == "fp32" and par.zero >= 1
+        elif (prec.frozen_dtype == "fp32" and (par.zero >= 1 or ds16)
               and str(self.engine_kind) in ("deepspeed", "megatron")):
             p.add(f"frozen_dtype=fp32 cannot hold under {self.engine_kind} with "
                   f"precision={prec.kind}: the engine casts every parameter to 16 bits "
                   "(DeepSpeed engine.py _configure_distributed_model; Megatron Float16Module). "
                   "Use frozen_dtype=auto, or engine=fsdp1/fsdp2, which keep the loaded dtype.")
+        if ds16 and prec.grad_dtype == "fp32":
+            p.add(f"grad_dtype=fp32 with engine=deepspeed, zero=0 and precision={prec.kind}: "
+                  "DeepSpeed 0.19.8 refuses a 16-bit model with fp32 gradient accumulation "
+                  "without ZeRO ('unsupported mix of model_dtype and grad_accum_dtype', "
+                  "engine.py _do_optimizer_sanity_check). Use grad_dtype=auto, or zero=1 "
+                  "(BF16_Optimizer keeps fp32 gradients).")
         if self.platform.compile and self.platform.compile_scope == "model":
             p.add("compile_scope=model (one graph for the whole model) is not modelled: measured "
                   "on CPU its peak is 6-10% above per-block compilation (tiny Llama, fp32 and "

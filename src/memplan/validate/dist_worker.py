@@ -29,9 +29,10 @@ config it ran and every step's peaks per phase and moment.
 - ``deepspeed``: the ds_config JSON (``export --to deepspeed``) is passed to
   ``deepspeed.initialize`` as written, with two overrides recorded in the output:
   ``optimizer.params.torch_adam = true`` (no fused CPU Adam is built on this machine), and
-  DeepSpeed's CPU shared-memory all-reduce op is not built (``_SHM_OVERRIDE``). With a PEFT
-  method under ZeRO-3 the base is first partitioned as ``zero.Init`` leaves it
-  (``_zero_init_base``).
+  DeepSpeed's CPU shared-memory all-reduce op is not built (``dist_deepspeed.SHM_OVERRIDE``);
+  at ZeRO-0 with a 16-bit config the engine is made to take ``FP16_Optimizer`` as on a GPU
+  (``dist_deepspeed.fp16_optimizer_on_cpu``). With a PEFT method under ZeRO-3 the base is
+  first partitioned as ``zero.Init`` leaves it (``dist_deepspeed.zero_init_base``).
 
 Counting: every distinct storage once (``DTensor.to_local()`` views and FSDP's padded shards share
 storages; the tracker keys storages, not tensors). Storages FSDP2 frees and re-allocates with
@@ -51,7 +52,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import importlib
 import json
 import time
 import warnings
@@ -69,6 +69,8 @@ from ..runtime.book import (close_step, end_forward, mark_grads, mark_optimizer_
 from ..runtime.labels import BATCH, OPTIMIZER, ROOT, ModuleLabeller, layer_stack
 from ..runtime.steps import step_record
 from ..runtime.tracker import StorageTracker
+from .dist_deepspeed import (FUSED_OVERRIDE, SHM_OVERRIDE, fp16_optimizer_on_cpu, skip_shm_op,
+                             zero0_16bit, zero_init_base)
 
 __all__ = ["main", "measure", "resize_counted", "run_case"]
 
@@ -201,58 +203,16 @@ def _fsdp1(model: Any, cfg: dict[str, Any], recipe: Recipe) -> _Engine:
     return _torch_engine(m, str(recipe.optimizer.kind))
 
 
-_SHM_OVERRIDE = ("deepspeed.comm.torch.build_shm_op -> None (its op serves only "
-                 "inference_all_reduce; training collectives go through gloo)")
-
-
-def _skip_shm_op() -> None:
-    """Keep DeepSpeed from JIT-compiling its CPU ``deepspeed_shm_comm`` op at ``init_distributed``.
-
-    DeepSpeed 0.19.8 ``comm/torch.py``: ``TorchBackend.__init__`` calls ``build_shm_op()`` on the
-    CPU accelerator, a C++ build of about a minute of both cores here on the first launch of each
-    fresh environment, and the op is read only by ``inference_all_reduce``. ``all_reduce``,
-    ``all_gather``, ``reduce_scatter`` (what ZeRO's training step calls) go to
-    ``torch.distributed`` on gloo either way, and the op's buffers are shared memory, not tensors,
-    so the tensor bytes measured here do not depend on it. On a GPU the accelerator is CUDA and
-    the op is never built."""
-    # importlib, not ``import deepspeed.comm.torch as m``: that binds ``deepspeed.comm``'s
-    # attribute ``torch``, which is the torch package.
-    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
-
-
-def _zero_init_base(model: Any, cfg: dict[str, Any]) -> None:
-    """ZeRO-3 with a frozen base (a PEFT method): leave the model as transformers and PEFT
-    leave it before ``deepspeed.initialize``. ``from_pretrained`` builds the base under
-    ``deepspeed.zero.Init`` whenever ZeRO-3 is configured (transformers ``modeling_utils.py``
-    ``is_deepspeed_zero3_enabled``), partitioned in the config's 16-bit dtype; PEFT then adds
-    its fp32 adapters outside that context, and the engine, seeing a ``zero.Init`` model,
-    partitions them without its 16-bit cast (``engine.py`` ``_configure_distributed_model``,
-    ``is_zero_init_model``). Here: the frozen tensors cast to the config's dtype, then every
-    parameter partitioned by ``zero.Init(module=...)``, which converts without a cast
-    (``partition_parameters.py`` ``_convert_to_zero_parameters``, 0.19.8)."""
-    import deepspeed
-
-    half = (torch.bfloat16 if cfg.get("bf16", {}).get("enabled")
-            else torch.float16 if cfg.get("fp16", {}).get("enabled") else None)
-    params = list(model.parameters())
-    if cfg.get("zero_optimization", {}).get("stage") != 3 or half is None \
-            or all(p.requires_grad for p in params):
-        return
-    for p in params:
-        if not p.requires_grad and p.is_floating_point():
-            p.data = p.data.to(half)
-    deepspeed.zero.Init(module=model, config_dict_or_path=cfg)
-
-
 def _deepspeed(model: Any, cfg: dict[str, Any]) -> _Engine:
     import deepspeed
 
-    _zero_init_base(model, cfg)
+    zero_init_base(model, cfg)
     if "activation_checkpointing" in cfg:  # what the HF Trainer does with checkpointing on
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    engine, opt, _, _ = deepspeed.initialize(model=model, config=cfg,
-                                             model_parameters=[p for p in model.parameters()
-                                                               if p.requires_grad])
+    with fp16_optimizer_on_cpu(cfg):
+        engine, opt, _, _ = deepspeed.initialize(model=model, config=cfg,
+                                                 model_parameters=[p for p in model.parameters()
+                                                                   if p.requires_grad])
     inner = getattr(opt, "optimizer", opt)
 
     def extra_params() -> list[torch.Tensor]:
@@ -260,7 +220,8 @@ def _deepspeed(model: Any, cfg: dict[str, Any]) -> _Engine:
 
     def extra_opt() -> list[torch.Tensor]:
         out: list[torch.Tensor] = []
-        for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):
+        for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat",
+                     "fp32_groups_flat"):
             out += [t for t in getattr(opt, name, []) or [] if isinstance(t, torch.Tensor)]
         return out
 
@@ -342,7 +303,9 @@ def _run_case(case: dict[str, Any], rank: int) -> dict[str, Any]:
         cfg = json.loads(text)
         cfg.setdefault("optimizer", {}).setdefault("params", {})["torch_adam"] = True
         overrides.append("optimizer.params.torch_adam = true (no fused CPU Adam on this machine)")
-        overrides.append(_SHM_OVERRIDE)
+        overrides.append(SHM_OVERRIDE)
+        if zero0_16bit(cfg):
+            overrides.append(FUSED_OVERRIDE)
     else:
         import yaml
 
@@ -380,7 +343,7 @@ def main(argv: list[str] | None = None) -> None:
     if "deepspeed" in engines:
         import deepspeed
 
-        _skip_shm_op()
+        skip_shm_op()
         deepspeed.init_distributed(dist_backend="gloo")
     else:
         dist.init_process_group("gloo")
