@@ -7,7 +7,7 @@ Usage (the 4-rank run takes about a minute on 2 cores):
 ``PYTHONPATH=src python scripts/validate_dist.py --table validation/dist_nproc4.json``
 ``PYTHONPATH=src python scripts/validate_dist.py --nproc 2 --only "deepspeed zero0 bf16"``: run
 only the named cases (repeatable) and merge them into the committed file, in table order; the
-file's ``command`` then lists each merge.
+file's ``merged`` lists each merge after the full run's ``command``.
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ def _merge(saved: Path, nproc: int, names: list[str]) -> dict:
     report["passed"] = all(c["ok"] for c in report["cases"])
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     only = " ".join(f"--only {n!r}" for n in names)
-    report["command"] += f"; merged {when}: scripts/validate_dist.py --nproc {nproc} {only}"
+    report.setdefault("merged", []).append(
+        f"{when}: scripts/validate_dist.py --nproc {nproc} {only}")
     return report
 
 

@@ -77,11 +77,12 @@ def test_zero2_activations_hold_no_fp32_adapter_input_copies(llama8b, h100):
     """Without autocast (DeepSpeed) PEFT casts each adapter's input to the adapter dtype
     (peft ``lora/layer.py`` ``_cast_input_dtype``): the bf16 adapters of ZeRO-2 read the bf16
     input itself, the fp32 adapters ZeRO-3 keeps under zero.Init save an fp32 copy of it. ZeRO-3
-    with bf16 adapters (allowed: nothing casts them) saves what ZeRO-2 saves."""
+    with bf16 adapters (allowed: nothing casts them) saves what ZeRO-2 saves and the frozen
+    linears' inputs, which its F.linear keeps (Ctx.linear_saves_input)."""
     def saved(zero: int, **kw) -> int:
         b = estimate(llama8b, _lora(engine="deepspeed", zero=zero, **kw), h100)
         return b.ranks[0].categories_at_peak()[Category.ACTIVATIONS]
-    assert saved(2) == saved(3, adapter_dtype="bf16") < saved(3)
+    assert saved(2) < saved(3, adapter_dtype="bf16") < saved(3)
 
 
 @pytest.mark.parametrize("kw", [{"adapter_dtype": "fp32", "zero": 2},

@@ -20,7 +20,7 @@ from ...recipe.engine import fsdp1_mixes
 from ..peft import LORA_LIKE, adapted_roles
 from ...model.peft_targets import ia3_roles, ln_tuning_leaves
 from .blocks import Ctx
-from .context import kept
+from .context import kept, zero3_linear
 from ...recipe.memo import kept_by_parts
 from .compose import compose, short_lengths, signatures
 from .families import stage_graph
@@ -83,7 +83,7 @@ def _context(spec: ModelSpec, recipe: Recipe, dt: Dtypes) -> Ctx:
                gptq=m.kind == "qlora" and m.quant == "gptq-int4",
                sp=par.tp if par.sequence_parallel else 1, etp=par.expert_tp,
                capacity=float(par.moe_capacity_factor),
-               layer_weight_grads=flat_layers,
+               layer_weight_grads=flat_layers, linear_saves_input=zero3_linear(recipe),
                compile=str(recipe.platform.compile_scope) if recipe.platform.compile else "",
                embeds_held=str(recipe.engine_kind) not in ("megatron", "torchtitan")
                and recipe.loss.kind in ("standard", "fused")

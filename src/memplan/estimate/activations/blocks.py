@@ -157,7 +157,8 @@ class Blocks:
         y = self.new(t * n_out, c.half if c.amp else c.act,
                      grad=trained or x.grad or adapted or (bias and c.bias_trained))
         wgrad = trained or self._layer_weight_grad()
-        keeps_input = wgrad or (quant and c.dequant_saves_input and xin.grad)
+        keeps_input = wgrad or (xin.grad and (c.linear_saves_input or (
+            quant and c.dequant_saves_input)))
         if keeps_input and not wgrad:  # on MatMul4Bit's ctx (``Ctx.dequant_saves_input``)
             xin.held = self.g.group < 0
         saves = ([xin] if keeps_input else []) + (

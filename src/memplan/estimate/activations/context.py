@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
-__all__ = ["Ctx", "kept"]
+if TYPE_CHECKING:
+    from ...recipe import Recipe
+
+__all__ = ["Ctx", "kept", "zero3_linear"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +103,16 @@ class Ctx:
     (``ctx.tensors = (A, B)``) although only ``B`` is read there; removed by bitsandbytes PR
     #1270 (commit 9e753741, 2024-07-16, "fix QLoRA mem bug: delete useless buffered
     activation"), first released in 0.43.2."""
+    linear_saves_input: bool = False
+    """Every ``F.linear`` keeps its input for the backward whenever a gradient flows (frozen
+    weights too): DeepSpeed ZeRO-3's ``zero.Init`` replaces ``torch.nn.functional.linear``
+    with ``zero3_linear_wrap`` for the whole process (``zero_optimization.memory_efficient_linear``,
+    default true, ``runtime/zero/config.py``; ``partition_parameters.py``
+    ``_enable_mem_efficient_linear``), whose ``LinearFunctionForZeroStage3.setup_context`` runs
+    ``ctx.save_for_backward(input, weight, bias)`` (``runtime/zero/linear.py``, DeepSpeed
+    0.19.8). A plain ``F.linear`` with a frozen weight saves only the weight. Measured (torch
+    2.13 CPU, tiny Llama, bf16 base, fp32 LoRA): +524,288 B saved for the forward, the
+    inputs of the frozen linears that no other op saves."""
     quant_head: bool = False
     """The output head is a quantised linear too (Lightning's ``BitsandbytesPrecision``
     replaces every ``nn.Linear``; transformers keeps the output embedding in 16 bits)."""
@@ -133,3 +147,11 @@ def kept(memo: dict[object, object], ctx: Ctx) -> Ctx:
     """The context in ``memo`` equal to ``ctx`` (``ctx`` itself the first time): the memo's
     keys then hold one object per context, which a key's comparison takes by identity."""
     return memo.setdefault(("ctx", ctx), ctx)  # type: ignore[return-value]
+
+
+def zero3_linear(recipe: Recipe) -> bool:
+    """``Ctx.linear_saves_input``: DeepSpeed ZeRO-3, whose ``zero.Init`` (transformers enters it
+    for ``from_pretrained`` under ZeRO-3; the engine's own conversion calls it with
+    ``module=``, ``parameter_offload.py``) replaces ``F.linear`` (memory_efficient_linear is
+    not a recipe knob: DeepSpeed's default, true)."""
+    return str(recipe.engine_kind) == "deepspeed" and recipe.parallelism.zero == 3

@@ -44,7 +44,8 @@ def _mm(b: Blocks, x: Tensor, n_in: int, n_out: int, t: int, *, trained: bool) -
     xin = b.cast(x, c.half) if c.amp else x
     w, pg = b._weight(n_in * n_out, trained, c.adapter)
     out = b.new(t * n_out, c.half if c.amp else c.adapter, trained or xin.grad)
-    saves = ([xin] if trained else []) + ([w] if w is not None and xin.grad else [])
+    keeps = trained or (c.linear_saves_input and xin.grad)  # ZeRO-3's linear (Ctx)
+    saves = ([xin] if keeps else []) + ([w] if w is not None and xin.grad else [])
     # a rank-r GEMM: memory-bound (timed by its bytes, ``kind = "ew"``), but a GEMM to the
     # compiler (``origin = "gemm"``: never recomputed, never fused)
     b.g.op([xin] + ([w] if w is not None else []), (out,), saves, grads=(xin,), params=pg,
