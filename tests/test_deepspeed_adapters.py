@@ -32,6 +32,7 @@ def _lora(**kw) -> Recipe:
     ({"zero": 2}, "bf16", True),  # engine=auto with zero >= 1 is DeepSpeed
     ({"engine": "deepspeed", "zero": 2, "precision": "16-mixed"}, "fp16", True),
     ({"engine": "deepspeed", "zero": 3}, "fp32", True),  # zero.Init: no cast
+    ({"engine": "deepspeed", "zero": 3, "zero3_init": False}, "bf16", True),  # own loop: cast
     ({"engine": "deepspeed", "zero": 2, "precision": "32-true"}, "fp32", False),  # no cast
     ({"engine": "fsdp2", "zero": 3}, "fp32", False),
     ({"engine": "ddp", "zero": 0}, "fp32", False),
@@ -64,6 +65,16 @@ def test_zero3_adapters_stay_fp32_under_zero_init_with_a_master_clone(llama8b, h
     assert items["LoRA adapters (fp32, PEFT's, kept under zero.Init; adapter_dtype=auto)"] \
         == pytest.approx(4 * n / 4, abs=4)
     assert items["fp32 master of the adapters"] == pytest.approx(4 * n / 4, abs=4)
+
+
+def test_zero3_without_zero_init_casts_the_adapters_and_loads_the_whole_model(llama8b, h100):
+    own = estimate(llama8b, _lora(engine="deepspeed", zero=3, zero3_init=False), h100)
+    names = [i.name for i in own.ranks[0].items]
+    assert "LoRA adapters (bf16, cast by DeepSpeed; adapter_dtype=auto)" in names
+    init = estimate(llama8b, _lora(engine="deepspeed", zero=3), h100)
+    load = [max(m.allocated_bytes for m in b.ranks[0].moments if m.label.startswith("load"))
+            for b in (own, init)]
+    assert load[0] > load[1] + 14 * 2**30  # the whole bf16 model (8B: ~15 GiB) at once
 
 
 def test_other_engines_keep_peft_fp32_adapters_without_a_master(llama8b, h100):
@@ -114,7 +125,7 @@ def test_committed_deepspeed_lora_runs_are_within_5_percent(n):
     data = json.loads((ROOT / "validation" / f"dist_nproc{n}.json").read_text())
     cases = {c["name"]: c for c in data["cases"] if "lora" in c["name"]
              and c["engine"] == "deepspeed"}
-    assert len(cases) == 3  # ZeRO-0, ZeRO-2, ZeRO-3
+    assert len(cases) == 4  # ZeRO-0, ZeRO-2, ZeRO-3 with and without zero.Init
     for c in cases.values():
         for x in c["ranks"]:
             assert abs(x["estimate_error_pct"]) <= 5.0, (c["name"], x)

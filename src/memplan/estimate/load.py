@@ -92,6 +92,9 @@ def engine_transient(stage: Stage, recipe: Recipe, dt: Dtypes, load: str) -> tup
       ``modeling_utils.py``) partitions each parameter as it is created; loading gathers one
       module's own parameters at a time (``integrations/deepspeed.py``
       ``_load_state_dict_into_zero3_model``, ``GatheredParameters``): the largest tensor.
+      Without it (``Engine.zero3_init`` false) ``_configure_distributed_model`` runs
+      ``self.module.to(self.device)`` on the whole cast module before the optimizer partitions
+      it (DeepSpeed 0.19.8 ``engine.py``): the whole 16-bit model.
     - DeepSpeed ZeRO-1/2: the 16-bit parameters are flattened into one aligned buffer on the
       GPU when it has the memory (``stage_1_and_2.py`` ``flatten_on_accelerator``, 0.19.8),
       else on the CPU: one more copy of the rank's 16-bit parameters (the caller keeps it only
@@ -113,6 +116,10 @@ def engine_transient(stage: Stage, recipe: Recipe, dt: Dtypes, load: str) -> tup
             return (largest_tensor * pb, "accelerate fsdp2_load_full_state_dict: one full tensor "
                     "broadcast at a time")
         return 0, "meta / sharded init: only shards allocated"
+    if engine == "deepspeed" and z == 3 and not recipe.engine.zero3_init:
+        return (stage.held_numel * pb, "no zero.Init: the engine casts the whole model and "
+                "moves it to the GPU before partitioning it (engine.py "
+                "_configure_distributed_model: module.to(device))")
     if engine == "deepspeed" and z == 3:
         return (largest_tensor * pb, "zero.Init load: one module's parameters gathered "
                 "(GatheredParameters)")

@@ -188,7 +188,8 @@ def adapter_dtypes(recipe: Recipe, d: Dtypes) -> tuple[str, bool, str]:
       clone of the trainable ones (``stage_1_and_2.py`` ``single_partition_of_fp32_groups``,
       ``stage3.py`` ``_create_fp32_partitions``; at ZeRO-0 ``FP16_Optimizer``'s
       ``fp32_groups_flat``, whole on every rank).
-    - ZeRO-3 is modelled with ``zero.Init`` (as ``estimate/load.py``): the engine skips the
+    - ZeRO-3 is modelled with ``zero.Init`` unless ``Engine.zero3_init`` is false (then it
+      casts as at ZeRO-1/2: ``is_zero_init_model`` is false): the engine skips the
       cast for a model whose parameters already carry ``ds_id`` (``is_zero_init_model``), so
       adapters added by PEFT after ``from_pretrained`` keep their dtype and are partitioned as
       they are (``_convert_to_zero_parameters``: ``param.data.to(device)``, no dtype). Their
@@ -207,7 +208,7 @@ def adapter_dtypes(recipe: Recipe, d: Dtypes) -> tuple[str, bool, str]:
             or (recipe.parallelism.zero == 0 and not deepspeed_16bit(recipe)):
         return peft, False, ""
     master = d.master is not None
-    if recipe.parallelism.zero < 3:
+    if recipe.parallelism.zero < 3 or not recipe.engine.zero3_init:
         return d.param, master, "cast by DeepSpeed"
     return peft, master, "PEFT's, kept under zero.Init"
 

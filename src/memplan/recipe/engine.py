@@ -109,6 +109,15 @@ class Engine:
     """FSDP: free gathered parameters after each unit's forward (``FULL_SHARD``); false keeps
     them to the backward (``SHARD_GRAD_OP``)."""
 
+    zero3_init: bool = True
+    """DeepSpeed ZeRO-3: the model is built under ``deepspeed.zero.Init`` (what transformers'
+    ``from_pretrained`` does whenever ZeRO-3 is configured), which partitions each parameter
+    as it is made, in the config's dtype; PEFT's adapters added afterwards keep their dtype.
+    False: a script that builds the model itself and then calls ``deepspeed.initialize``: the
+    engine casts every parameter, adapters included, to the 16-bit dtype, moves the whole
+    module to the GPU and only then partitions it (``engine.py``
+    ``_configure_distributed_model``, ``is_zero_init_model`` false; ``parameter_offload.py``
+    ``Init(module=...)``, DeepSpeed 0.19.8). The ds_config cannot say which."""
     fsdp1_wrap: Fsdp1Wrap = Fsdp1Wrap.PEFT
     """FSDP1 auto-wrap policy: ``peft`` (PEFT's ``fsdp_auto_wrap_policy``: layers, adapters in
     units of their own; what the HF Trainer and llama-recipes use) or ``layers``

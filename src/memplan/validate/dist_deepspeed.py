@@ -34,7 +34,7 @@ def skip_shm_op() -> None:
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
 
-def zero_init_base(model: Any, cfg: dict[str, Any]) -> None:
+def zero_init_base(model: Any, cfg: dict[str, Any], zero3_init: bool = True) -> None:
     """ZeRO-3 with a frozen base (a PEFT method): leave the model as transformers and PEFT
     leave it before ``deepspeed.initialize``. ``from_pretrained`` builds the base under
     ``deepspeed.zero.Init`` whenever ZeRO-3 is configured (transformers ``modeling_utils.py``
@@ -43,13 +43,15 @@ def zero_init_base(model: Any, cfg: dict[str, Any]) -> None:
     partitions them without its 16-bit cast (``engine.py`` ``_configure_distributed_model``,
     ``is_zero_init_model``). Here: the frozen tensors cast to the config's dtype, then every
     parameter partitioned by ``zero.Init(module=...)``, which converts without a cast
-    (``partition_parameters.py`` ``_convert_to_zero_parameters``, 0.19.8)."""
+    (``partition_parameters.py`` ``_convert_to_zero_parameters``, 0.19.8). ``zero3_init``
+    false (the recipe's ``Engine.zero3_init``): a script of its own, the model handed to
+    ``deepspeed.initialize`` as built."""
     import deepspeed
 
     half = (torch.bfloat16 if cfg.get("bf16", {}).get("enabled")
             else torch.float16 if cfg.get("fp16", {}).get("enabled") else None)
     params = list(model.parameters())
-    if cfg.get("zero_optimization", {}).get("stage") != 3 or half is None \
+    if cfg.get("zero_optimization", {}).get("stage") != 3 or half is None or not zero3_init \
             or all(p.requires_grad for p in params):
         return
     for p in params:

@@ -203,10 +203,10 @@ def _fsdp1(model: Any, cfg: dict[str, Any], recipe: Recipe) -> _Engine:
     return _torch_engine(m, str(recipe.optimizer.kind))
 
 
-def _deepspeed(model: Any, cfg: dict[str, Any]) -> _Engine:
+def _deepspeed(model: Any, cfg: dict[str, Any], zero3_init: bool = True) -> _Engine:
     import deepspeed
 
-    zero_init_base(model, cfg)
+    zero_init_base(model, cfg, zero3_init)
     if "activation_checkpointing" in cfg:  # what the HF Trainer does with checkpointing on
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     with fp16_optimizer_on_cpu(cfg):
@@ -317,7 +317,7 @@ def _run_case(case: dict[str, Any], rank: int) -> dict[str, Any]:
     before = {id(t) for t in _live_tensors()}
     model = build_model(case["model"], single, device="cpu", seed=0).model
     model.train()
-    eng = (_deepspeed(model, cfg) if engine == "deepspeed"
+    eng = (_deepspeed(model, cfg, recipe.engine.zero3_init) if engine == "deepspeed"
            else _fsdp1(model, cfg, recipe) if engine == "fsdp1"
            else _fsdp2(model, cfg, str(recipe.optimizer.kind)))
     torch.manual_seed(1 + rank)
