@@ -101,3 +101,11 @@ def test_committed_zero0_runs_are_within_5_percent(n):
         assert any("FP16_Optimizer" in o for o in c["overrides"])
         for x in c["ranks"]:
             assert abs(x["estimate_error_pct"]) <= 5.0, (c["name"], x)
+
+
+def test_zero0_init_flattens_clones_of_the_trainable_parameters(llama8b, h100):
+    b = estimate(llama8b, _ds0(), h100)
+    n = b.model.trainable_params
+    load = [i for m in b.ranks[0].moments if m.label.endswith("largest transient")
+            for i in m.items if i.name.startswith("largest load transient")]
+    assert [i.bytes for i in load] == [2 * 2 * n]  # clones + their flat copy, bf16
