@@ -137,6 +137,7 @@ def test_cli_size_smallest_cluster_and_speed_target() -> None:
     (["meta-llama/Llama-3.2-1B", "--gpus", "8"], "drop --gpus"),
     (["meta-llama/Llama-3.1-70B", "--gpu", "H100-80GB", "--offload", "none", "--max-gpus", "4"],
      "does not fit"),
+    (["meta-llama/Llama-3.2-1B", "--jobs", "-2"], "--jobs -2 is negative"),
 ])
 def test_cli_size_bad_input_exits_2(args: list[str], match: str) -> None:
     r = runner.invoke(app, ["size", *args])

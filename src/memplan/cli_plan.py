@@ -20,6 +20,17 @@ _MODEL_HELP = ("HF id from the catalog (see `memplan models`), a config.json / m
                "package.module:function.")
 
 
+_JOBS_HELP = ("Worker processes evaluating candidates: 0 = one per usable CPU core, 1 = this "
+              "process only (searches over 500 candidates; fork only; the same plans either "
+              "way).")
+
+
+def _check_jobs(jobs: int) -> None:
+    if jobs < 0:
+        fail(f"--jobs {jobs} is negative: give a number of worker processes, or 0 for one per "
+             "usable CPU core (the default).")
+
+
 class _Bar:
     """A progress bar on stderr, shown only on a terminal and only once a search has run for
     a second."""
@@ -169,9 +180,7 @@ def plan_command(
     load: Annotated[str | None, host_option("load")] = None,
     workers: Annotated[int | None, host_option("workers")] = None,
     prefetch: Annotated[int | None, host_option("prefetch")] = None,
-    jobs: Annotated[int, Opt(help="Worker processes evaluating candidates: 0 = one per "
-                                  "usable CPU core, 1 = this process only (searches over 500 "
-                                  "candidates; fork only; the same plans either way).")] = 0,
+    jobs: Annotated[int, Opt(help=_JOBS_HELP)] = 0,
     top: Annotated[int, Opt(help="Plans in the ranked table.")] = 10,
     save_best: Annotated[Path | None, Opt(help="Write the best plan as a recipe TOML for "
                                                "`memplan estimate --recipe`.")] = None,
@@ -184,9 +193,7 @@ def plan_command(
     held."""
     if format not in ("table", "json"):
         fail(f"--format {format!r} is not one of table, json.")
-    if jobs < 0:
-        fail(f"--jobs {jobs} is negative: give a number of worker processes, or 0 for one per "
-             "usable CPU core (the default).")
+    _check_jobs(jobs)
     flags = dict(flags or {})
 
     def run() -> Any:
@@ -249,6 +256,7 @@ def size_command(
                                              "tokens / hours.")] = None,
     hours: Annotated[float | None, Opt(help="Deadline in hours, with --tokens.")] = None,
     max_gpus: Annotated[int, Opt(help="Largest cluster tried.")] = 2048,
+    jobs: Annotated[int, Opt(help=_JOBS_HELP)] = 0,
     load: Annotated[str | None, host_option("load")] = None,
     workers: Annotated[int | None, host_option("workers")] = None,
     prefetch: Annotated[int | None, host_option("prefetch")] = None,
@@ -260,6 +268,7 @@ def size_command(
     and with --tokens-per-second or --tokens/--hours the cluster a deadline needs."""
     if format not in ("table", "json"):
         fail(f"--format {format!r} is not one of table, json.")
+    _check_jobs(jobs)
     flags = dict(flags or {})
 
     def run() -> Any:
@@ -267,6 +276,7 @@ def size_command(
         from .hardware import get_device
         from .hardware.nodes import get_node
         from .model import load_model
+        from .plan.parallel import usable_cores
         from .plan.size import size
 
         problems = []
@@ -299,7 +309,7 @@ def size_command(
             return size(spec, job, gpu=name, gpus_per_node=per_node, node=node,
                         host_ram=host_ram, nvme=nvme, fixed=fixed, global_batch=global_batch,
                         setup=setup, target_tokens_per_second=target, max_gpus=max_gpus,
-                        progress=bar)
+                        progress=bar, workers=jobs or usable_cores())
         finally:
             bar.close()
 

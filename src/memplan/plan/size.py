@@ -108,13 +108,13 @@ class SizeResult:
 
 
 def _probe(spec: ModelSpec, base: Recipe, cluster: Cluster, fixed: frozenset[str],
-           global_batch: int | None, setup: HostSetup | None) -> list[Evaluated]:
+           global_batch: int | None, setup: HostSetup | None, workers: int) -> list[Evaluated]:
     """Fitting candidates among the memory-frugal ones at this size (see module doc)."""
     frugal = {k: v for k, v in _PROBE.items() if k not in fixed}
     probe_base = base.with_keys(**frugal)
     try:
         res = plan(spec, probe_base, cluster, fixed=fixed | frozenset(frugal),
-                   global_batch=global_batch, setup=setup)
+                   global_batch=global_batch, setup=setup, workers=workers)
     except ConfigError:
         return []
     return res.ranked
@@ -134,11 +134,12 @@ def size(spec: ModelSpec, base: Recipe, *, gpu: str, gpus_per_node: int, node: s
          host_ram: str | int | None = None, nvme: str | int | None = None,
          fixed: frozenset[str] = frozenset(), global_batch: int | None = None,
          setup: HostSetup | None = None, target_tokens_per_second: float | None = None,
-         max_gpus: int = 2048, progress: Progress | None = None) -> SizeResult:
+         max_gpus: int = 2048, progress: Progress | None = None,
+         workers: int = 1) -> SizeResult:
     """The smallest cluster that fits ``base`` (the user's keys ``fixed``), searched in full
     there (over the layouts the probe found fitting: engine, ZeRO, offload, tp, pp, cp, ep;
 micro-batch, checkpointing, kernel, loss and virtual stages vary); with a target, also the
-smallest whose best plan reaches it.
+smallest whose best plan reaches it. ``workers``: processes per search (``plan``).
 
     Raises:
         ConfigError: nothing fits up to ``max_gpus`` GPUs, or the target is not reached.
@@ -150,7 +151,7 @@ smallest whose best plan reaches it.
     for i, n in enumerate(sizes):
         cluster = Cluster(gpu=gpu, gpus=n, gpus_per_node=min(n, gpus_per_node), node=node,
                           host_ram=host_ram, nvme=nvme)
-        ok = _probe(spec, base, cluster, fixed, global_batch, setup)
+        ok = _probe(spec, base, cluster, fixed, global_batch, setup, workers)
         tried.append((n, len(ok)))
         if progress is not None:
             progress(i + 1, len(sizes))
@@ -163,7 +164,7 @@ smallest whose best plan reaches it.
                            f"{', '.join(str(g) for g, _ in tried)} GPUs). Use a larger GPU, "
                            "allow offload, or relax the fixed keys."])
     fit = plan(spec, base, fit_at, fixed=fixed, global_batch=global_batch, setup=setup,
-               only=frozenset(layout_of(e.recipe) for e in ok))
+               only=frozenset(layout_of(e.recipe) for e in ok), workers=workers)
     speed = None
     if target_tokens_per_second is not None:
         res: PlanResult | None = fit
@@ -171,9 +172,10 @@ smallest whose best plan reaches it.
         for n in [s for s in sizes if s >= fit_at.gpus and (s == fit_at.gpus or s >= floor)]:
             if n > fit_at.gpus:
                 c = replace(fit_at, gpus=n, gpus_per_node=min(n, gpus_per_node))
-                ok = _probe(spec, base, c, fixed, global_batch, setup)
+                ok = _probe(spec, base, c, fixed, global_batch, setup, workers)
                 res = plan(spec, base, c, fixed=fixed, global_batch=global_batch, setup=setup,
-                           only=frozenset(layout_of(e.recipe) for e in ok)) if ok else None
+                           only=frozenset(layout_of(e.recipe) for e in ok),
+                           workers=workers) if ok else None
             best = res.ranked[0] if res is not None and res.ranked else None
             if best is not None and (best.tokens_per_second or 0) >= target_tokens_per_second:
                 speed = res
