@@ -1,9 +1,10 @@
 """Evaluate a long candidate list in worker processes (``fork``), each with its own
 ``Evaluator`` and memo; the numbers are the estimator's either way.
 
-Candidates are sorted by what their activation simulation depends on (tp, sp, cp, pp, virtual
-stages, checkpointing, kernel, loss, then micro-batch) and cut into contiguous chunks, so a
-worker's memo is reused inside a chunk. Each worker's memo starts with the search's lane shapes
+Candidates are sorted by what their activation simulation depends on (engine and ZeRO stage,
+which set the parameters' dtype and gathering; tp, sp, cp, checkpointing, kernel, loss; then pp
+and virtual stages, whose stages are composed from the same short simulations; then
+micro-batch) and cut into contiguous chunks, so a worker's memo is reused inside a chunk. Each worker's memo starts with the search's lane shapes
 (``activations.LANE_SHAPES``), as the single-process search's does: one simulation of a context
 then serves every micro-batch of it, in whichever worker meets the context first.
 """
@@ -42,8 +43,8 @@ def can_fork() -> bool:
 
 def _key(r: Recipe) -> tuple[object, ...]:
     p = r.parallelism
-    return (p.tp, p.sequence_parallel, p.cp, p.pp, p.pp_virtual, repr(r.checkpointing),
-            str(r.platform.attention), str(r.loss.kind), r.batch.micro_batch)
+    return (str(r.engine_kind), p.zero, p.tp, p.sequence_parallel, p.cp, repr(r.checkpointing),
+            str(r.platform.attention), str(r.loss.kind), p.pp, p.pp_virtual, r.batch.micro_batch)
 
 
 def _chunk(bounds: tuple[int, int]) -> list[Evaluated | None]:
