@@ -199,8 +199,8 @@ def plan_command(
     def run() -> Any:
         from .model import load_model
         from .plan import plan
-        from .plan.parallel import usable_cores
         from .plan.fit import check_fits
+        from .plan.parallel import usable_cores
 
         cluster = cluster_from_options(gpu=gpu, node=node, nodes=nodes, flags=flags,
                                        host_ram=host_ram, nvme=nvme)

@@ -4,9 +4,10 @@
 Candidates are sorted by what their activation simulation depends on (engine and ZeRO stage,
 which set the parameters' dtype and gathering; tp, sp, cp, checkpointing, kernel, loss; then pp
 and virtual stages, whose stages are composed from the same short simulations; then
-micro-batch) and cut into contiguous chunks, so a worker's memo is reused inside a chunk. Each worker's memo starts with the search's lane shapes
-(``activations.LANE_SHAPES``), as the single-process search's does: one simulation of a context
-then serves every micro-batch of it, in whichever worker meets the context first.
+micro-batch) and cut into contiguous chunks, so a worker's memo is reused inside a chunk. Each
+worker's memo starts with the search's lane shapes (``activations.LANE_SHAPES``), as the
+single-process search's does: one simulation of a context then serves every micro-batch of it,
+in whichever worker meets the context first.
 """
 
 from __future__ import annotations
