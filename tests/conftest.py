@@ -9,6 +9,12 @@ import pytest
 from memplan import get_device, load_model
 
 
+os.environ.setdefault("MEMPLAN_JOBS", "1")
+"""``plan`` and ``size`` search in one process here (their default is one worker per core): the
+tests already run in two xdist workers, and forked searches would only add the memo work each
+worker repeats. ``tests/test_plan.py`` runs the workers (``workers=2``) and compares the rows."""
+
+
 @pytest.fixture(scope="session")
 def llama8b():
     return load_model("meta-llama/Llama-3.1-8B")

@@ -145,6 +145,18 @@ def test_cli_size_bad_input_exits_2(args: list[str], match: str) -> None:
     assert match in r.output and "Traceback" not in r.output
 
 
+@pytest.mark.parametrize("value,match", [("-3", "--jobs -3 is negative"),
+                                         ("many", "MEMPLAN_JOBS")])
+def test_jobs_default_from_the_environment(value: str, match: str) -> None:
+    """MEMPLAN_JOBS sets --jobs' default for plan and size, and a bad value is refused as the
+    flag's would be."""
+    for command in ("plan", "size"):
+        r = runner.invoke(app, [command, "meta-llama/Llama-3.2-1B", "--gpu", "H100-80GB"],
+                          env={"MEMPLAN_JOBS": value})
+        assert r.exit_code == 2, r.output
+        assert match in r.output and "Traceback" not in r.output
+
+
 def test_plan_in_two_processes_gives_the_same_rows() -> None:
     spec = load_model("meta-llama/Llama-3.2-1B")
     cluster = Cluster(gpu="H100-80GB", gpus=4, gpus_per_node=4)

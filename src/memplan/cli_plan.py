@@ -22,7 +22,7 @@ _MODEL_HELP = ("HF id from the catalog (see `memplan models`), a config.json / m
 
 _JOBS_HELP = ("Worker processes evaluating candidates: 0 = one per usable CPU core, 1 = this "
               "process only (searches over 500 candidates; fork only; the same plans either "
-              "way).")
+              "way). The environment variable MEMPLAN_JOBS sets the default.")
 
 
 def _check_jobs(jobs: int) -> None:
@@ -180,7 +180,7 @@ def plan_command(
     load: Annotated[str | None, host_option("load")] = None,
     workers: Annotated[int | None, host_option("workers")] = None,
     prefetch: Annotated[int | None, host_option("prefetch")] = None,
-    jobs: Annotated[int, Opt(help=_JOBS_HELP)] = 0,
+    jobs: Annotated[int, Opt(help=_JOBS_HELP, envvar="MEMPLAN_JOBS")] = 0,
     top: Annotated[int, Opt(help="Plans in the ranked table.")] = 10,
     save_best: Annotated[Path | None, Opt(help="Write the best plan as a recipe TOML for "
                                                "`memplan estimate --recipe`.")] = None,
@@ -256,7 +256,7 @@ def size_command(
                                              "tokens / hours.")] = None,
     hours: Annotated[float | None, Opt(help="Deadline in hours, with --tokens.")] = None,
     max_gpus: Annotated[int, Opt(help="Largest cluster tried.")] = 2048,
-    jobs: Annotated[int, Opt(help=_JOBS_HELP)] = 0,
+    jobs: Annotated[int, Opt(help=_JOBS_HELP, envvar="MEMPLAN_JOBS")] = 0,
     load: Annotated[str | None, host_option("load")] = None,
     workers: Annotated[int | None, host_option("workers")] = None,
     prefetch: Annotated[int | None, host_option("prefetch")] = None,
