@@ -1,4 +1,4 @@
-"""DeepSpeed at ZeRO stage 0 with a 16-bit config (facts.deepspeed_16bit): the module cast to
+"""DeepSpeed at ZeRO stage 0 with a 16-bit config (Recipe.deepspeed_16bit): the module cast to
 16 bits, FP16_Optimizer with an unsharded fp32 master built at init, the gradients flattened
 for the all-reduce at the backward's end only, and the step's fp32 flat gradient; settings
 DeepSpeed overrides or refuses are refused (exit 2). The real runs behind this are the

@@ -24,7 +24,7 @@ load of activations-free inference engines and of optimizer-state checkpoints (r
 from __future__ import annotations
 
 from ..breakdown import ALL_PHASES, Category, Item, Moment, Phase, Pool, Step
-from ..facts import Dtypes, deepspeed_16bit
+from ..facts import Dtypes
 from ..recipe import Recipe
 from ..units import dtype_bytes
 from .layout import Stage
@@ -99,7 +99,7 @@ def engine_transient(stage: Stage, recipe: Recipe, dt: Dtypes, load: str) -> tup
       GPU when it has the memory (``stage_1_and_2.py`` ``flatten_on_accelerator``, 0.19.8),
       else on the CPU: one more copy of the rank's 16-bit parameters (the caller keeps it only
       when it fits the device).
-    - DeepSpeed ZeRO-0 with a 16-bit config (``facts.deepspeed_16bit``): ``FP16_Optimizer``
+    - DeepSpeed ZeRO-0 with a 16-bit config (``Recipe.deepspeed_16bit``): ``FP16_Optimizer``
       flattens clones of the trainable parameters (``runtime/fp16/fused_optimizer.py``
       ``__init__``, 0.19.8): the clones and the flat buffer beside the module's own.
     - DDP / no sharding: the whole model is on the GPU, which is what the step holds: nothing.
@@ -126,7 +126,7 @@ def engine_transient(stage: Stage, recipe: Recipe, dt: Dtypes, load: str) -> tup
     if engine == "deepspeed" and z == 3:
         return (largest_tensor * pb, "zero.Init load: one module's parameters gathered "
                 "(GatheredParameters)")
-    if deepspeed_16bit(recipe):
+    if recipe.deepspeed_16bit:
         return (2 * stage.trainable_numel * pb, "FP16_Optimizer init (ZeRO-0): a clone of every "
                 "trainable parameter and their flat copy beside the module's (fused_optimizer.py "
                 "_flatten_dense_tensors([p.clone().detach() ...]))")

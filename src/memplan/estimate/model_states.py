@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from ..breakdown import ALL_PHASES, Category, Item, Phase, Pool
-from ..facts import Dtypes, deepspeed_16bit
+from ..facts import Dtypes
 from ..facts.constants import constant
 from ..recipe import Recipe
 from ..units import dtype_bytes
@@ -180,8 +180,8 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
             phases=grad_phases, grows=not persistent,
             formula=(f"elements of the FSDP1 units with a trainable parameter x {gb:g} B"
                      if flat_mix else f"trainable elements x {gb:g} B"))
-    if deepspeed_16bit(recipe):
-        items += _fp16_optimizer_step(recipe, trainable)
+    if recipe.deepspeed_16bit:
+        items += _fp16_optimizer_step(trainable)
     if dt.master and z >= 1 and off == "none" and gb < 4:
         # DeepSpeed ZeRO-3 sub_group_size: the optimizer steps this many elements at a time
         limit = int(constant("ds_sub_group_elements")) if z == 3 else None
@@ -223,7 +223,7 @@ def model_state_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
     # the first step() (torch/optim/adam.py _init_group); DeepSpeed builds them at init
     # (stage_1_and_2.py / stage3.py initialize_optimizer_states; ZeRO-0's FP16_Optimizer
     # steps once on zero gradients in its initialize_optimizer_states).
-    torch_opt = (z == 0 and not deepspeed_16bit(recipe)) \
+    torch_opt = (z == 0 and not recipe.deepspeed_16bit) \
         or str(recipe.engine_kind) in ("fsdp1", "fsdp2", "torchtitan")
     adapter_state = "fp32" if dt.state == "fp32" else dt.adapter
     # bitsandbytes' paged optimizers keep their states in CUDA managed memory (functional.py
@@ -347,8 +347,8 @@ def _comm_items(stage: Stage, recipe: Recipe, dt: Dtypes, trainable: list[Held])
     return out
 
 
-def _fp16_optimizer_step(recipe: Recipe, trainable: list[Held]) -> list[Line]:
-    """DeepSpeed ZeRO-0 with a 16-bit config (``facts.deepspeed_16bit``): ``FP16_Optimizer.step``
+def _fp16_optimizer_step(trainable: list[Held]) -> list[Line]:
+    """DeepSpeed ZeRO-0 with a 16-bit config (``Recipe.deepspeed_16bit``): ``FP16_Optimizer.step``
     (deepspeed/runtime/fp16/fused_optimizer.py, 0.19.8; the wrapper of FusedAdam, which an
     ``optimizer.type`` of Adam/AdamW builds) makes, per parameter group, ``grads_groups_flat =
     _flatten_dense_tensors([p.grad.to(fp32) for p in group])``: an fp32 copy of every 16-bit
@@ -357,19 +357,17 @@ def _fp16_optimizer_step(recipe: Recipe, trainable: list[Held]) -> list[Line]:
     and dropped after it. Known deviation: ``FP16_UnfusedOptimizer`` (any other optimizer, e.g.
     ``torch_adam``) converts each gradient to fp32 without the concatenation, 4 B per element
     less than counted here."""
-    out = []
-    for name, what in (("fp32 flat gradients (optimizer step)",
-                        "torch.cat of the fp32 copies, the fp32 master's .grad through the step"),
-                       ("fp32 copies of the 16-bit gradients (flatten input)",
-                        "p.grad.to(fp32) for every trainable tensor, alive until the cat")):
-        n = sum(h.numel for h in trainable) * 4
-        if n:
-            out.append(Line(Item(
-                category=Category.GRADIENTS if name.startswith("fp32 flat") else
-                Category.TEMPORARY, name=name, bytes=n,
-                formula=f"trainable elements x 4 B: {what} (DeepSpeed ZeRO-0 FP16_Optimizer.step, "
-                "runtime/fp16/fused_optimizer.py)"), (O,)))
-    return out
+    n = sum(h.numel for h in trainable) * 4
+    if not n:
+        return []
+    src = "(DeepSpeed ZeRO-0 FP16_Optimizer.step, runtime/fp16/fused_optimizer.py)"
+    return [Line(Item(category=Category.GRADIENTS, name="fp32 flat gradients (optimizer step)",
+                      bytes=n, formula="trainable elements x 4 B: torch.cat of the fp32 copies, "
+                      f"the fp32 master's .grad through the step {src}"), (O,)),
+            Line(Item(category=Category.TEMPORARY,
+                      name="fp32 copies of the 16-bit gradients (flatten input)", bytes=n,
+                      formula="trainable elements x 4 B: p.grad.to(fp32) for every trainable "
+                      f"tensor, alive until the cat {src}"), (O,))]
 
 
 def _deepspeed_allreduce_bucket(trainable: list[Held], gb: float) -> Line:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from ..breakdown import Category, Item
 from ..model.spec import Component
-from ..facts import deepspeed_16bit, optimizer_facts
+from ..facts import optimizer_facts
 from ..recipe import Recipe
 from ..units import dtype_bytes
 from .layout import Stage
@@ -59,7 +59,7 @@ def optimizer_step_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]
     if impl == "auto":  # torch's default for the device (_default_to_fused_or_foreach)
         impl = "foreach" if recipe.platform.device == "cuda" and facts.foreach_copy \
             else "for-loop"
-    if (recipe.parallelism.zero >= 1 or deepspeed_16bit(recipe)) and facts.fused_under_zero \
+    if (recipe.parallelism.zero >= 1 or recipe.deepspeed_16bit) and facts.fused_under_zero \
             and fused_engine:
         pass  # DeepSpeed FusedAdam / cpu_adam (ZeRO-0: under FP16_Optimizer), Megatron TE
         # FusedAdam: no temporaries

@@ -4,7 +4,6 @@ does not have. They go into the result's notes; nothing the user gave is changed
 
 from __future__ import annotations
 
-from ..facts import deepspeed_16bit
 from ..hardware import Device
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
@@ -24,7 +23,7 @@ def recipe_warnings(model: ModelSpec, recipe: Recipe, device: Device) -> tuple[s
                    "step: the pipeline never fills and most stages idle (bubble fraction "
                    f"(pp-1)/(m+pp-1) = {(par.pp - 1) / (recipe.batch.grad_accum + par.pp - 1):.0%})."
                    f" Use grad_accum >= {par.pp} (typically >= {4 * par.pp}).")
-    if deepspeed_16bit(recipe):
+    if recipe.deepspeed_16bit:
         half = "bf16" if recipe.precision.kind == "bf16-mixed" else "fp16"
         out.append(f"engine=deepspeed at zero=0 with precision={recipe.precision.kind} is "
                    f"assumed to run as DeepSpeed >= 0.17.6 runs it: the whole model cast to "

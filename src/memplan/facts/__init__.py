@@ -10,7 +10,7 @@ the optimizer table (states, their layout, step temporaries per implementation).
 | 16/bf16-mixed, ZeRO>=1| 16-bit          | 16-bit     | fp32             | fp32        | 16-bit |
 | fp8-mixed            | bf16 (+fp8 cache)| 16-bit     | fp32             | fp32        | bf16   |
 
-DeepSpeed at ZeRO 0 takes the ZeRO>=1 row, unsharded (``deepspeed_16bit``). Both mixed
+DeepSpeed at ZeRO 0 takes the ZeRO>=1 row, unsharded (``Recipe.deepspeed_16bit``). Both mixed
 conventions cost 16 bytes per trainable parameter with Adam; they differ only in
 which category holds the bytes. ``grad_dtype = "fp32"`` gives fp32 gradient buffers for 16-bit
 parameters (Megatron's ``main_grad``, 18 B/param with Adam). PEFT adapters are held as the
@@ -29,8 +29,8 @@ from typing import Any
 from ..errors import ConfigError, did_you_mean
 from ..recipe import Recipe
 
-__all__ = ["Dtypes", "dtypes", "adapter_dtypes", "state_dtypes", "deepspeed_16bit",
-           "OptimizerFacts", "optimizer_facts", "optimizer_table"]
+__all__ = ["Dtypes", "dtypes", "adapter_dtypes", "state_dtypes", "OptimizerFacts",
+           "optimizer_facts", "optimizer_table"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -125,29 +125,6 @@ same on its ``FlatParameter`` (``_flat_param.py`` ``_use_low_precision_shard``).
 fp32 master copy exists."""
 
 
-def deepspeed_16bit(recipe: Recipe) -> bool:
-    """DeepSpeed with a 16-bit config (``bf16``/``fp16`` enabled: a ``16-mixed`` or
-    ``bf16-mixed`` recipe) at ZeRO stage 0, which keeps a 16-bit model beside an fp32 master
-    like ZeRO-1/2, unsharded.
-
-    DeepSpeed 0.19.8 (and the tip, deepspeedai/DeepSpeed@edaa722) ``runtime/engine.py``:
-    ``_configure_distributed_model`` casts every floating parameter of the module to the
-    config's dtype (``_cast_module_mixed_precision``: ``p.data = p.data.to(param_dtype)``,
-    buffers kept); ``get_data_types`` gives gradient accumulation the model's dtype unless
-    ``data_types.grad_accum_dtype`` is set; ``_do_optimizer_sanity_check`` then returns
-    ``FP16`` / ``DDP_BFLOAT16`` at stage 0 (``model_dtype == grad_accum_dtype``), and
-    ``_configure_fp16_optimizer`` wraps the basic optimizer in ``FP16_Optimizer`` (FusedAdam,
-    what an ``optimizer.type`` of Adam/AdamW builds on a GPU) or ``FP16_UnfusedOptimizer``:
-    both clone every trainable parameter to an fp32 master that the basic optimizer steps
-    (``runtime/fp16/fused_optimizer.py`` ``FP16_Optimizer.__init__``: ``fp32_groups_flat``).
-    Since v0.17.6 (PR #7515 "Enable non-ZeRO mode"); before it (v0.12.3 ``get_data_types``:
-    bf16 without ZeRO -> fp32 gradient accumulation) a bf16 stage-0 run took
-    ``BF16_Optimizer`` with fp32 gradient buffers (``runtime/bf16_optimizer.py``), which
-    memplan does not model."""
-    return (str(recipe.engine_kind) == "deepspeed" and recipe.parallelism.zero == 0
-            and str(recipe.precision.kind) in ("bf16-mixed", "16-mixed"))
-
-
 def dtypes(recipe: Recipe) -> Dtypes:
     """The dtype of every model state under ``recipe`` (see the module table).
 
@@ -157,11 +134,11 @@ def dtypes(recipe: Recipe) -> Dtypes:
     ``MixedPrecisionPolicy`` docs; measured by ``memplan validate --nproc 2``: a rank holds
     its fp32 shard and AdamW states, no 16-bit copy and no separate master). DeepSpeed and
     Megatron keep 16-bit parameters beside an fp32 master (the ``"1+"`` rows), and so does
-    DeepSpeed at ZeRO-0 with a 16-bit config (``deepspeed_16bit``)."""
+    DeepSpeed at ZeRO-0 with a 16-bit config (``Recipe.deepspeed_16bit``)."""
     p, rows = str(recipe.precision.kind), _dtype_rows()
     torch_sharding = str(recipe.engine_kind) in _TORCH_SHARDED
     zero = "1+" if (recipe.parallelism.zero >= 1 and not torch_sharding) \
-        or deepspeed_16bit(recipe) else "0"
+        or recipe.deepspeed_16bit else "0"
     d = rows.get((p, "any")) or rows[(p, zero)]
     if recipe.precision.grad_dtype == "fp32":
         d = replace(d, grad="fp32")
@@ -180,7 +157,7 @@ def adapter_dtypes(recipe: Recipe, d: Dtypes) -> tuple[str, bool, str]:
       ``auto`` = fp32 (PEFT ``autocast_adapter_dtype=True`` upcasts 16-bit adapters, peft
       0.21.2 ``tuners/tuners_utils.py``), no master.
     - DeepSpeed with a 16-bit config (the ``"1+"`` rows: 16-bit parameters beside an fp32
-      master; ZeRO-0 too, ``deepspeed_16bit``) casts every floating parameter of the module
+      master; ZeRO-0 too, ``Recipe.deepspeed_16bit``) casts every floating parameter of the module
       to that dtype when it wraps it
       (``engine.py`` ``_configure_distributed_model``: v0.12.3 ``self.module.bfloat16()`` /
       ``.half()``; 0.19.8 ``_cast_module_mixed_precision``, ``p.data = p.data.to(
@@ -205,7 +182,7 @@ def adapter_dtypes(recipe: Recipe, d: Dtypes) -> tuple[str, bool, str]:
     given = str(recipe.method.adapter_dtype)
     peft = "fp32" if given == "auto" else given
     if str(recipe.engine_kind) != "deepspeed" or d.param not in ("bf16", "fp16") \
-            or (recipe.parallelism.zero == 0 and not deepspeed_16bit(recipe)):
+            or (recipe.parallelism.zero == 0 and not recipe.deepspeed_16bit):
         return peft, False, ""
     master = d.master is not None
     if recipe.parallelism.zero < 3 or not recipe.engine.zero3_init:

@@ -140,10 +140,7 @@ class Recipe:
             p.add(f"lora_dropout={m.lora_dropout} with method={m.kind}: {why}. Use "
                   f"lora_dropout=0, or one of {', '.join(DROPOUT_METHODS)}.")
         impl = self.optimizer.impl
-        # DeepSpeed at ZeRO-0 with a 16-bit config: FP16_Optimizer over its FusedAdam, a 16-bit
-        # model and an fp32 master like ZeRO-1/2 (facts.deepspeed_16bit cites the engine)
-        ds16 = (str(self.engine_kind) == "deepspeed" and par.zero == 0
-                and str(self.precision.kind) in ("bf16-mixed", "16-mixed"))
+        ds16 = self.deepspeed_16bit  # FP16_Optimizer over FusedAdam, like ZeRO-1/2 unsharded
         if impl != "auto" and (par.zero >= 1 or ds16) \
                 and str(self.engine_kind) in ("deepspeed", "megatron"):
             p.add(f"optimizer_impl={impl} picks a torch.optim implementation, but "
@@ -256,6 +253,29 @@ class Recipe:
     def engine_assumed(self) -> bool:
         """True when ``engine = auto`` and ``engine_kind`` was inferred from zero."""
         return resolve_engine(self.engine, self.parallelism)[1]
+
+    @property
+    def deepspeed_16bit(self) -> bool:
+        """DeepSpeed with a 16-bit config (``bf16``/``fp16`` enabled: a ``16-mixed`` or
+        ``bf16-mixed`` recipe) at ZeRO stage 0, which keeps a 16-bit model beside an fp32 master
+        like ZeRO-1/2, unsharded.
+
+        DeepSpeed 0.19.8 (and the tip, deepspeedai/DeepSpeed@edaa722) ``runtime/engine.py``:
+        ``_configure_distributed_model`` casts every floating parameter of the module to the
+        config's dtype (``_cast_module_mixed_precision``: ``p.data = p.data.to(param_dtype)``,
+        buffers kept); ``get_data_types`` gives gradient accumulation the model's dtype unless
+        ``data_types.grad_accum_dtype`` is set; ``_do_optimizer_sanity_check`` then returns
+        ``FP16`` / ``DDP_BFLOAT16`` at stage 0 (``model_dtype == grad_accum_dtype``), and
+        ``_configure_fp16_optimizer`` wraps the basic optimizer in ``FP16_Optimizer`` (FusedAdam,
+        what an ``optimizer.type`` of Adam/AdamW builds on a GPU) or ``FP16_UnfusedOptimizer``:
+        both clone every trainable parameter to an fp32 master that the basic optimizer steps
+        (``runtime/fp16/fused_optimizer.py`` ``FP16_Optimizer.__init__``: ``fp32_groups_flat``).
+        Since v0.17.6 (PR #7515 "Enable non-ZeRO mode"); before it (v0.12.3 ``get_data_types``:
+        bf16 without ZeRO -> fp32 gradient accumulation) a bf16 stage-0 run took
+        ``BF16_Optimizer`` with fp32 gradient buffers (``runtime/bf16_optimizer.py``), which
+        memplan does not model."""
+        return (str(self.engine_kind) == "deepspeed" and self.parallelism.zero == 0
+                and str(self.precision.kind) in ("bf16-mixed", "16-mixed"))
 
     # ---- derived values -------------------------------------------------------------------
 
