@@ -110,7 +110,7 @@ def test_peak_allocated_is_the_largest_moment_on_random_lines() -> None:
     allocated pool, in some phases only, and stepping lines (the optimizer in backward)."""
     from memplan.breakdown import ALL_PHASES, Category, Item, Phase, Pool
     from memplan.estimate.lines import Line
-    from memplan.estimate.timeline import Instant, moments, peak_allocated
+    from memplan.estimate.timeline import Instant, moments, peak_allocated, phased
 
     rng = random.Random(11)
     for _ in range(400):
@@ -130,3 +130,33 @@ def test_peak_allocated_is_the_largest_moment_on_random_lines() -> None:
                     for k in range(rng.randint(0, 6))]
         want = max(m.allocated_bytes for m in moments(lines, instants))
         assert peak_allocated(lines, instants) == want
+        # the backward frontier (what a memoised stage's Phased carries) gives the same peak
+        assert peak_allocated(lines, instants, phases=phased(instants, front=True)) == want
+
+
+@pytest.mark.parametrize("keys", [dict(pp=2, grad_accum=4, checkpointing="full"),
+                                  dict(pp=4, pp_virtual=2, grad_accum=8),
+                                  dict(grad_accum=2, checkpointing="selective", loss="chunked")])
+def test_stage_instants_read_off_their_points(keys: dict[str, object]) -> None:
+    """``StageInstants.phased`` (read off the simulated points, never building the instants)
+    holds each instant's progress and own bytes as the built instants give them, and its
+    backward frontier keeps every instant that no other dominates."""
+    from memplan.breakdown import Phase
+    from memplan.estimate import stage_parts
+    from memplan.estimate.instants import StageInstants
+    from memplan.estimate.timeline import phased
+
+    spec = load_model("meta-llama/Llama-3.2-1B")
+    r = Recipe.of(gpus=8, seq_len=2048, **keys)  # type: ignore[arg-type]
+    for _, _, instants, *_ in stage_parts(spec, r, get_device("H100-80GB"), memo={}):
+        assert isinstance(instants, StageInstants)
+        fast, built = instants.phased(), phased(list(instants))
+        assert fast.most == built.most
+        for phase, marks in fast.by_phase.items():
+            assert [(m.progress, m.items_bytes) for m in marks] == [
+                (i.progress, i.items_bytes) for i in built.by_phase[phase]], phase
+        bwd = [(m.progress, m.items_bytes) for m in fast.by_phase[Phase.BACKWARD]]
+        front = {(m.progress, m.items_bytes) for m in fast.front or []}
+        assert bwd and front <= set(bwd)
+        for m in bwd:
+            assert m in front or any(o != m and o[0] >= m[0] and o[1] >= m[1] for o in bwd)

@@ -6,7 +6,7 @@ module (``model_states``, ``overhead``) whose functions state their formula and 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
@@ -21,7 +21,7 @@ from ..recipe.memo import kept_by_parts
 from .layout import Stage, layout
 from .model_states import model_state_items
 from .overhead import fragmentation_item, nccl_items, overhead_items
-from .activations import Point, cpu_checkpoint_bytes, points_key, stage_events, stage_points
+from .activations import cpu_checkpoint_bytes, points_key, stage_events, stage_points
 from .activations import accumulates
 from .reserved import replayed_slack, slack_item, stream_covers
 from .lines import Line
@@ -30,6 +30,7 @@ from .fsdp2_units import fsdp2_instants, fsdp2_per_moment
 from .load import load_moments
 from .loop import loop_lines
 from .optimizer_step import optimizer_step_items
+from .instants import StageInstants
 from .timeline import Instant, LineSums, Phased, line_sums, moments, peak_allocated, phased
 from .warnings import recipe_warnings
 from .zero3_live import zero3_instants, zero3_live_applies
@@ -142,52 +143,24 @@ def _step_lines(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Line]:
 
 
 def _instants(model: ModelSpec, stage: Stage, recipe: Recipe, dt: Dtypes,
-              memo: dict[object, object] | None = None) -> list[Instant]:
+              memo: dict[object, object] | None = None) -> StageInstants:
     """The activation timeline of one micro-batch, plus the saved activations of the other
-    micro-batches a pipeline stage holds in flight (1F1B: stage i holds pp - i). ``memo``:
-    kept under what it reads, the simulation's key (``points_key``) and the micro-batches in
-    flight."""
+    micro-batches a pipeline stage holds in flight (1F1B: stage i holds pp - i); built when
+    read (``instants.py``). ``memo``: kept under what it reads, the simulation's key
+    (``points_key``) and the micro-batches in flight."""
     par = recipe.parallelism
     inflight = inflight_microbatches(par.pp, stage.index, par.pp_virtual,
                                      recipe.batch.grad_accum)
     if memo is None:
-        return _instants_of(*stage_points(model, stage, recipe, dt), inflight,
-                            par.pp_virtual > 1)
+        return StageInstants(*stage_points(model, stage, recipe, dt), inflight,
+                             par.pp_virtual > 1)
     key = ("instants", points_key(model, stage, recipe, dt, memo), inflight,
            par.pp_virtual > 1)
     got = memo.get(key)
     if got is None:
-        got = memo[key] = _instants_of(*stage_points(model, stage, recipe, dt, memo), inflight,
-                                       par.pp_virtual > 1)
+        got = memo[key] = StageInstants(*stage_points(model, stage, recipe, dt, memo),
+                                        inflight, par.pp_virtual > 1)
     return got  # type: ignore[return-value]
-
-
-def _instants_of(points: list[Point], grad_total: int, inflight: float,
-                 interleaved: bool) -> list[Instant]:
-    fwd_end = max((p.saved for p in points if p.phase == "forward"), default=0)
-    produced = 0
-    out = []
-    for p in points:
-        phase = Phase.FORWARD if p.phase == "forward" else Phase.BACKWARD
-        items = [Item(category=Category.ACTIVATIONS, name="saved for backward", bytes=p.saved,
-                      formula="tensors autograd saves, op by op (estimate/activations)"),
-                 Item(category=Category.TEMPORARY, name="intermediates and activation gradients",
-                      bytes=p.temp, formula="live non-saved tensors at this op "
-                      "(estimate/activations/graph.py)")]
-        if inflight > 1:
-            more = f"{inflight - 1:g}"
-            items.append(Item(category=Category.ACTIVATIONS,
-                              name=f"{more} more micro-batches in flight "
-                              f"({'interleaved ' if interleaved else ''}1F1B)",
-                              bytes=int((inflight - 1) * fwd_end),
-                              formula="1F1B: stage i holds pp - i micro-batches' activations "
-                              "(Narayanan et al. 2021, §2.2); interleaved: Megatron-Core "
-                              "warm-up chunks, see inflight_microbatches"))
-        if phase == Phase.BACKWARD:
-            produced = p.grads
-        out.append(Instant(phase, f"{p.phase}: {p.region}", tuple(items),
-                           progress=min(1.0, produced / grad_total) if grad_total else 1.0))
-    return out
 
 
 def inflight_microbatches(pp: int, stage: int, virtual: int, microbatches: int) -> float:
@@ -209,7 +182,7 @@ def inflight_microbatches(pp: int, stage: int, virtual: int, microbatches: int) 
 
 def _stage_parts(model: ModelSpec, stage: Stage, recipe: Recipe, device: Device, dt: Dtypes,
                  memo: dict[object, object] | None, load: str
-                 ) -> tuple[list[Line], list[Instant], tuple[Moment, ...], list[Item],
+                 ) -> tuple[list[Line], Sequence[Instant], tuple[Moment, ...], list[Item],
                             tuple[LineSums, ...], Phased]:
     """What one rank of ``stage`` is made of: the phase-long lines, the activation instants,
     the load moments, the lines outside the allocated pool (before the allocator slack,
@@ -220,6 +193,7 @@ def _stage_parts(model: ModelSpec, stage: Stage, recipe: Recipe, device: Device,
     fixed = _fixed_lines(stage, recipe, device, dt, memo)
     lines = states + loop + fixed
     groups = (_once(memo, states, line_sums), line_sums(loop), _once(memo, fixed, line_sums))
+    instants: Sequence[Instant]
     instants = shared = _instants(model, stage, recipe, dt, memo)
     persistent = any(ln.item.category == Category.GRADIENTS and Phase.FORWARD in ln.phases
                      for ln in states)
@@ -229,7 +203,7 @@ def _stage_parts(model: ModelSpec, stage: Stage, recipe: Recipe, device: Device,
         instants = fsdp1_instants(stage, recipe, dt, instants, sharded_grads=not persistent)
     elif zero3_live_applies(recipe):
         instants = zero3_instants(stage, recipe, dt, instants)
-    phases = _once(memo if instants is shared else None, instants, phased)
+    phases = _once(memo if instants is shared else None, instants, _phased)
     init = load_moments(stage, recipe, dt, lines, load=load, capacity_bytes=device.capacity_bytes)
     outside = [ln.item for ln in lines if ln.item.pool != Pool.ALLOCATED]
     par = recipe.parallelism
@@ -245,12 +219,17 @@ def _stage_parts(model: ModelSpec, stage: Stage, recipe: Recipe, device: Device,
     return lines, instants, init, outside, groups, phases
 
 
+def _phased(instants: Sequence[Instant]) -> Phased:
+    """``phased``; a stage's own instants read off their points, with the frontier."""
+    return instants.phased() if isinstance(instants, StageInstants) else phased(instants)
+
+
 def _once(memo: dict[object, object] | None, what: T, make: Callable[[T], U]) -> U:
     """``make(what)``, kept by the identity of ``what`` (an object the memo holds)."""
     return make(what) if memo is None else kept_by_parts(memo, make, (what,), lambda: make(what))
 
 
-StageParts = tuple[Stage, list[Line], list[Instant], tuple[Moment, ...], list[Item],
+StageParts = tuple[Stage, list[Line], Sequence[Instant], tuple[Moment, ...], list[Item],
                    tuple[LineSums, ...], Phased]
 """A stage, and ``_stage_parts`` of one rank of it (read only: shared by the callers)."""
 

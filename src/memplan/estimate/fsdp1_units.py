@@ -49,6 +49,7 @@ concatenation is not counted (see 3.): the estimate has one instant per block.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from ..breakdown import Category, Phase
@@ -85,7 +86,7 @@ def _graded(unit: tuple[Held, ...], flat: bool) -> int:
 
 
 def fsdp1_instants(stage: Stage, recipe: Recipe, dt: Dtypes,
-                   instants: list[Instant], *, sharded_grads: bool) -> list[Instant]:
+                   instants: Sequence[Instant], *, sharded_grads: bool) -> list[Instant]:
     """``instants`` with the FSDP1 unit items of each one added (module docstring).
 
     ``stage.units`` is (embedding, block 0 .. block L-1, head); the root unit is the embedding

@@ -43,7 +43,7 @@ Padding of each shard to the world size (``FSDPParam._init_sharded_param``) is n
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from ..breakdown import Category, Item, Phase
@@ -102,7 +102,7 @@ def layer_region(label: str) -> tuple[str, int | None]:
 
 
 def fsdp2_instants(stage: Stage, recipe: Recipe, dt: Dtypes,
-                   instants: list[Instant], *, sharded_grads: bool) -> list[Instant]:
+                   instants: Sequence[Instant], *, sharded_grads: bool) -> list[Instant]:
     """``instants`` with the FSDP2 unit items of each one added (module docstring).
 
     ``stage.units`` is (embedding, block 0 .. block L-1, head); the root unit is the embedding

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple, Union
 
 from ..breakdown import ALL_PHASES, Item, Moment, Phase, Pool, Step
 from .lines import Line
 
-__all__ = ["Instant", "LineSums", "Phased", "line_sums", "moments", "peak_allocated", "phased"]
+__all__ = ["Instant", "LineSums", "Mark", "Marked", "Phased", "line_sums", "moments", "peak_allocated",
+           "phased", "phased_marks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,22 +105,58 @@ def line_sums(lines: Iterable[Line]) -> LineSums:
                     stepping=False)
 
 
+class Mark(NamedTuple):
+    """What ``peak_allocated`` reads of an instant: its backward progress and own bytes."""
+
+    progress: float
+    items_bytes: int
+
+
+Marked = Union[Instant, Mark]
+"""An instant, or its ``Mark``."""
+
+
 @dataclass(frozen=True, slots=True)
 class Phased:
     """Instants by phase, as ``peak_allocated`` reads them."""
 
-    by_phase: dict[Phase, list[Instant]]
+    by_phase: dict[Phase, list[Marked]]
     most: dict[Phase, int]
     """The largest ``items_bytes`` of each phase's instants (0 without instants)."""
+    front: list[Marked] | None = None
+    """The backward instants no other backward instant dominates (``_front``); None: not
+    computed, ``by_phase`` is read whole."""
 
 
-def phased(instants: Sequence[Instant]) -> Phased:
-    """``instants`` by phase, in order, with each phase's largest own bytes."""
-    by_phase: dict[Phase, list[Instant]] = {p: [] for p in ALL_PHASES}
+def phased(instants: Sequence[Instant], *, front: bool = False) -> Phased:
+    """``instants`` by phase, in order, with each phase's largest own bytes (``front``: and
+    the backward frontier, for a ``Phased`` many candidates read)."""
+    by_phase: dict[Phase, list[Marked]] = {p: [] for p in ALL_PHASES}
     for inst in instants:
         by_phase.setdefault(inst.phase, []).append(inst)
+    return phased_marks(by_phase, front=front)
+
+
+def phased_marks(by_phase: dict[Phase, list[Marked]], *, front: bool = False) -> Phased:
+    """``Phased`` of instants (or their marks) already grouped by phase, in order."""
     return Phased(by_phase=by_phase, most={p: max([i.items_bytes for i in mine], default=0)
-                                           for p, mine in by_phase.items()})
+                                           for p, mine in by_phase.items()},
+                  front=_front(by_phase[Phase.BACKWARD]) if front else None)
+
+
+def _front(mine: Sequence[Marked]) -> list[Marked]:
+    """The instants of ``mine`` that no other dominates, i.e. has at least the same progress and
+    at least the same own bytes. A backward instant's total in ``_phase_peak`` is its own bytes
+    plus ``fixed + sum(round(b x progress))`` over the growing lines' bytes ``b >= 0``, which
+    never falls as progress rises (IEEE products and ``round`` are monotone), so a dominated
+    instant is never the only largest one: the max over the frontier is the max over all."""
+    out: list[Marked] = []
+    best: int | None = None
+    for i in sorted(mine, key=lambda i: i.progress, reverse=True):
+        if best is None or i.items_bytes > best:
+            out.append(i)
+            best = i.items_bytes
+    return out
 
 
 def peak_allocated(lines: Sequence[Line], instants: Sequence[Instant] = (),
@@ -142,12 +180,14 @@ def peak_allocated(lines: Sequence[Line], instants: Sequence[Instant] = (),
         grow = [b for g in groups for b in g.growing[step]]
         for phase in ALL_PHASES:
             whole = sum(g.sums[step][phase] for g in groups)
-            totals.append(_phase_peak(whole, grow if phase == bwd else [], by_phase[phase],
-                                      most[phase]))
+            mine = by_phase[phase]
+            if phase == bwd and grow and phases.front is not None and min(grow) >= 0:
+                mine = phases.front
+            totals.append(_phase_peak(whole, grow if phase == bwd else [], mine, most[phase]))
     return max(totals)
 
 
-def _phase_peak(whole: int, grow: list[int], mine: list[Instant], most: int) -> int:
+def _phase_peak(whole: int, grow: list[int], mine: Sequence[Marked], most: int) -> int:
     """The largest total of one (step, phase): ``whole`` bytes of phase-long lines, of which
     ``grow`` (the gradients) grow with each instant's backward progress, plus the instant's
     own items (``most``: the largest of them); ``whole`` alone for a phase without

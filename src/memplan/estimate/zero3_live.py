@@ -285,7 +285,7 @@ def zero3_gathered(stage: Stage, recipe: Recipe, compute_dtype: str, adapter_dty
 
 
 def zero3_instants(stage: Stage, recipe: Recipe, dt: Dtypes,
-                   instants: list[Instant]) -> list[Instant]:
+                   instants: Sequence[Instant]) -> list[Instant]:
     """``instants`` with DeepSpeed's gathered parameters and 16-bit gradients of each one added.
 
     ``stage.units`` is (embedding, layer 0 .. layer L-1, head); an instant of region ``layer i``
