@@ -203,25 +203,35 @@ class _LaneState(_State):
         self.k = k
         self.mask = (1 << FIELD) - 1
         self.shifts = tuple(FIELD * j for j in range(k))
-        self.lane_best: dict[tuple[str, str], list[int]] = {}
+        self.high = sum(1 << (s + FIELD - 1) for s in self.shifts)
+        """The top bit of every lane: a lane's value stays far below it (``FIELD``)."""
+        self.ones = sum(1 << s for s in self.shifts)
+        self.lane_best: dict[tuple[str, str], int] = {}
+        """Each region's largest total so far, per lane, packed."""
         self.lane_at: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
 
     def mark(self, phase: str, region: str, extra_temp: int = 0) -> None:
         key = (phase, region)
         best = self.lane_best.get(key)
         if best is None:
-            best = self.lane_best[key] = [0] * self.k
+            best = self.lane_best[key] = 0
             self.lane_at[key] = [(0, 0, 0)] * self.k
             self.order.append(key)
             self.points[key] = None  # type: ignore[assignment]  # simulate's return: unused
         temp = self.temp + extra_temp
         total = self.saved + temp + self.grads
-        mask = self.mask
+        # the lanes where total > best, all at once: with each lane's top bit set on the left,
+        # subtracting best + 1 leaves that bit set exactly where no borrow crossed it, i.e.
+        # where the lane's total is at least its best + 1 (every lane value is below the bit)
+        above = ((total | self.high) - (best + self.ones)) & self.high
+        if not above:
+            return
+        mask, at = self.mask, self.lane_at[key]
         for j, s in enumerate(self.shifts):
-            v = (total >> s) & mask
-            if v > best[j]:
-                best[j] = v
-                self.lane_at[key][j] = (self.saved, temp, self.grads)
+            if above >> (s + FIELD - 1) & 1:
+                best = best & ~(mask << s) | (total & (mask << s))
+                at[j] = (self.saved, temp, self.grads)
+        self.lane_best[key] = best
 
     def forward(self, ops: list[Op], phase: str, held: dict[Tensor, int], *,
                 hold_kept: bool) -> None:
