@@ -226,6 +226,10 @@ class _LaneState(_State):
         above = ((total | self.high) - (best + self.ones)) & self.high
         if not above:
             return
+        if above == self.high:  # every lane: the whole total is the new best
+            self.lane_best[key] = total
+            self.lane_at[key] = [(self.saved, temp, self.grads)] * self.k
+            return
         mask, at = self.mask, self.lane_at[key]
         for j, s in enumerate(self.shifts):
             if above >> (s + FIELD - 1) & 1:
