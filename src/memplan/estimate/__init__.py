@@ -11,10 +11,12 @@ from dataclasses import replace
 from typing import TypeVar
 
 from ..breakdown import Breakdown, Category, Item, Moment, Phase, Pool, RankBreakdown
+from ..errors import ConfigError, did_you_mean
 from ..hardware import Device
 from ..model.spec import ModelSpec
 from ..recipe import Checkpointing, Offload, Parallelism, Recipe
 from ..recipe.engine import Engine
+from ..recipe.host import LOAD_MODES
 from ..results import ModelInfo
 from .checks import check_compatible
 from ..recipe.memo import kept_by_parts
@@ -355,8 +357,6 @@ def estimate(model: ModelSpec, recipe: Recipe, device: Device, *,
 
 
 def check_allocator(allocator: str) -> None:
-    from ..errors import ConfigError, did_you_mean
-
     if allocator not in ALLOCATORS:
         raise ConfigError([f"allocator={allocator!r} is not one of {', '.join(ALLOCATORS)}: "
                            "choose how the caching allocator's slack is estimated."
@@ -364,9 +364,6 @@ def check_allocator(allocator: str) -> None:
 
 
 def _check_load(load: str) -> None:
-    from ..errors import ConfigError
-    from ..recipe.host import LOAD_MODES
-
     if load not in LOAD_MODES:
         raise ConfigError([f"load={load!r} is not one of {', '.join(LOAD_MODES)}: choose how "
                            "ranks read the checkpoint (host.load)."])

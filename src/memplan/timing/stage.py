@@ -205,6 +205,18 @@ def _kernels(model: ModelSpec, recipe: Recipe, device: Device, rates: Rates, lay
     return memo[key]  # type: ignore[return-value]
 
 
+def _moe_layers(model: ModelSpec, layers: range,
+                memo: dict[object, object] | None) -> list[int]:
+    """The layers of ``layers`` with routed experts; ``memo``: kept per range (one model)."""
+    if memo is None:
+        return [i for i in layers if (f := model.layers[i].ffn) and f.num_experts]
+    key = ("moe_layers", layers)
+    got = memo.get(key)
+    if got is None:
+        got = memo[key] = [i for i in layers if (f := model.layers[i].ffn) and f.num_experts]
+    return got  # type: ignore[return-value]
+
+
 def stage_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
                setup: HostSetup, rates: Rates, load: StageLoad, *, last: bool,
                memo: dict[object, object] | None = None) -> StageTime:
@@ -254,7 +266,7 @@ def stage_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardwar
              "etp": group_link(1, etp, local, intra, inter),
              "pp": inter if par.gpus > local else intra}
     t_tp = t(allreduce_s(act, tp, links["tp"]), "TP link") * (4 * n_layers + 2 * again) * m
-    moe = [i for i in load.layers if (f := model.layers[i].ffn) and f.num_experts]
+    moe = _moe_layers(model, load.layers, memo)
     t_ep = 0.0
     if moe:
         top_k = model.layers[moe[0]].ffn.top_k  # type: ignore[union-attr]
