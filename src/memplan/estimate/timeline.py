@@ -14,8 +14,8 @@ from typing import NamedTuple, Union
 from ..breakdown import ALL_PHASES, Item, Moment, Phase, Pool, Step
 from .lines import Line
 
-__all__ = ["Instant", "LineSums", "Mark", "Marked", "Phased", "line_sums", "moments", "peak_allocated",
-           "phased", "phased_marks"]
+__all__ = ["Instant", "LineSums", "Mark", "Marked", "Phased", "line_sums", "moments",
+           "peak_allocated", "phased", "phased_marks"]
 
 
 @dataclass(frozen=True, slots=True)
