@@ -205,6 +205,18 @@ def _kernels(model: ModelSpec, recipe: Recipe, device: Device, rates: Rates, lay
     return memo[key]  # type: ignore[return-value]
 
 
+def _kv_width(model: ModelSpec, memo: dict[object, object] | None) -> int:
+    """The widest layer's K plus V elements per token (what ring attention passes on);
+    ``memo``: kept once (one model)."""
+    if memo is not None and "kv_width" in memo:
+        return memo["kv_width"]  # type: ignore[return-value]
+    kv = max((ly.attention.num_kv_heads * (ly.attention.head_dim + ly.attention.v_head_dim)
+              for ly in model.layers if ly.attention), default=0)
+    if memo is not None:
+        memo["kv_width"] = kv
+    return kv
+
+
 def _moe_layers(model: ModelSpec, layers: range,
                 memo: dict[object, object] | None) -> list[int]:
     """The layers of ``layers`` with routed experts; ``memo``: kept per range (one model)."""
@@ -297,8 +309,7 @@ def stage_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardwar
             dp_reduce += t(allreduce_s(elems * gb, g, link), "DP link")
     dpo = dp_overlap(recipe, gather_s=dp_gather, reduce_s=dp_reduce,
                      grad_bytes=load.trainable * gb, layers=n_layers)
-    kv = max((ly.attention.num_kv_heads * (ly.attention.head_dim + ly.attention.v_head_dim)
-              for ly in model.layers if ly.attention), default=0)
+    kv = _kv_width(model, memo)
     links["cp"] = group_link(tp, cp, local, intra, inter)
     cp_bytes = tokens_seq / cp * kv * rates.act_bytes / tp
     t_cp = t(gather_s(cp_bytes * cp, cp, links["cp"]), "CP link") * 3 * n_layers * m
