@@ -1,8 +1,9 @@
 """Candidates per second of ``memplan plan``'s search (issue #13): not a timed test, a
 benchmark to run on a quiet machine. Each search runs ``--repeat`` times in a fresh process
 state (a new evaluator, so no memo is carried over); the best and the median are printed,
-in wall time and in this process's CPU time (``time.process_time``: on a shared machine the
-wall time also counts other processes; with ``--jobs 1`` the CPU time is the search's own).
+in wall time and in CPU time: this process's (``time.process_time``) plus that of the worker
+processes it reaped (``RUSAGE_CHILDREN``), so with ``--jobs 2`` too the CPU column is the whole
+search's. On a shared machine the wall time also counts other processes.
 
     PYTHONPATH=src python scripts/bench_plan.py [--repeat 3] [--only NAME] [--jobs 2]
 """
@@ -10,6 +11,7 @@ wall time also counts other processes; with ``--jobs 1`` the CPU time is the sea
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import time
 
@@ -33,11 +35,17 @@ def run(name: str, jobs: int) -> tuple[int, float, int, float]:
     model, nodes, seq = SEARCHES[name]
     spec = load_model(model)
     cluster = Cluster(gpu="H100-80GB", gpus=8 * nodes, gpus_per_node=8, node="DGX-H100")
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0 = time.perf_counter(), time.process_time() + _children_cpu()
     res = plan(spec, Recipe.of(seq_len=seq), cluster, fixed=frozenset({"seq_len"}),
                setup=HostSetup(load="sharded"), workers=jobs)
     return (res.candidates_evaluated, time.perf_counter() - t0, len(res.ranked),
-            time.process_time() - c0)
+            time.process_time() + _children_cpu() - c0)
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of the child processes reaped so far (plan's workers)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def main() -> None:
