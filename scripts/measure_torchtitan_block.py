@@ -5,8 +5,9 @@ size, next to what memplan's estimate of that run holds.
 One ``TransformerBlock`` of torchtitan 0.2.0's Llama 3 model, at Llama-2-13B's shapes (dim 5120,
 40 heads, ``multiple_of`` 256: FFN 13,824), bf16 weights and input, one forward on CPU
 (torch 2.13; SDPA). Every tensor autograd saves is counted through
-``torch.autograd.graph.saved_tensors_hooks``, each storage once; the block's parameters and
-its input (the previous block's output) are left out. Writes
+``torch.autograd.graph.saved_tensors_hooks``, each storage once; the block's parameters, its
+input (the previous block's output) and the rotary table are left out. The same count for transformers'
+``LlamaDecoderLayer`` at the same shapes stands beside it (the graph memplan follows). Writes
 ``validation/torchtitan_block.json``.
 
 torchtitan's package ``__init__`` imports its MoE Triton kernels, and ``model.py`` imports
@@ -71,7 +72,33 @@ def saved_bytes(seq: int) -> int:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         block(x, freqs, None)
     own = {p.untyped_storage().data_ptr() for p in block.parameters()}
-    own.add(x.untyped_storage().data_ptr())
+    own |= {t.untyped_storage().data_ptr() for t in (x, freqs)}
+    return sum(n for ptr, n in seen.items() if ptr not in own)
+
+
+def hf_saved_bytes(seq: int) -> int:
+    """The same count for transformers' ``LlamaDecoderLayer`` (SDPA) at the same shapes: the
+    HF Llama graph memplan's estimate follows for every Llama-family engine."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    cfg = LlamaConfig(hidden_size=HIDDEN, num_attention_heads=HEADS, num_key_value_heads=HEADS,
+                      intermediate_size=13824, num_hidden_layers=1, attn_implementation="sdpa")
+    layer = LlamaDecoderLayer(cfg, 0).to(torch.bfloat16)
+    x = torch.randn(1, seq, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
+    pos = torch.arange(seq)[None]
+    cos, sin = LlamaRotaryEmbedding(cfg)(x, pos)
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x, position_embeddings=(cos, sin), attention_mask=None, position_ids=pos)
+    own = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    own |= {t.untyped_storage().data_ptr() for t in (x, cos, sin)}
     return sum(n for ptr, n in seen.items() if ptr not in own)
 
 
@@ -80,16 +107,20 @@ def main() -> None:
     ap.add_argument("--seq", type=int, nargs="+", default=[256, 512])
     seqs = ap.parse_args().seq
     rows = [{"seq": s, "saved_bytes": (b := saved_bytes(s)),
-             "bytes_x_hidden_per_token": round(b / (s * HIDDEN), 3)} for s in seqs]
+             "bytes_x_hidden_per_token": round(b / (s * HIDDEN), 3),
+             "hf_saved_bytes": (hf := hf_saved_bytes(s)),
+             "hf_bytes_x_hidden_per_token": round(hf / (s * HIDDEN), 3)} for s in seqs]
     out = {"what": "tensors saved for backward by one torchtitan 0.2.0 Llama TransformerBlock "
-                   "at Llama-2-13B shapes, bf16, CPU, storages once, parameters and block "
-                   "input excluded",
+                   "(hf_: one transformers LlamaDecoderLayer, SDPA) at Llama-2-13B shapes, "
+                   "bf16, CPU, storages once, parameters, block input and rotary tables "
+                   "excluded",
            "command": "PYTHONPATH=src python scripts/measure_torchtitan_block.py",
            "torch": torch.__version__, "rows": rows}
     OUT.write_text(json.dumps(out, indent=1) + "\n")
     for r in rows:
-        print(f"seq {r['seq']}: {r['saved_bytes']:,} B saved = "
-              f"{r['bytes_x_hidden_per_token']} bytes x hidden per token")
+        print(f"seq {r['seq']}: torchtitan {r['saved_bytes']:,} B saved = "
+              f"{r['bytes_x_hidden_per_token']} bytes x hidden per token; HF "
+              f"{r['hf_bytes_x_hidden_per_token']}")
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ _NO_FIT = (
     "72.6 GiB are 46.4 bytes x hidden per token and layer, close to a count by hand of HF's "
     "Llama block (about 47.6: the two RMSNorms' fp32 upcasts and outputs 16, SDPA's q, k, v "
     "and output 8, o_proj's input 2, the MLP's four 13,824-wide tensors 21.6), and "
-    "torchtitan's own block saves more, not less: 49.7 bytes x hidden per token measured on "
+    "torchtitan's own block saves more, not less: 49.6 bytes x hidden per token measured on "
     "CPU (torchtitan 0.2.0's Llama block at these shapes, bf16, "
     "scripts/measure_torchtitan_block.py, validation/torchtitan_block.json). Not measured: "
     "the 2024 torchtitan the table ran, and its GPU kernels. The 70B group fits since its TP016 row runs checkpointing = op "
