@@ -6,9 +6,9 @@ One ``TransformerBlock`` of torchtitan 0.2.0's Llama 3 model, at Llama-2-13B's s
 40 heads, ``multiple_of`` 256: FFN 13,824), bf16 weights and input, one forward on CPU
 (torch 2.13; SDPA). Every tensor autograd saves is counted through
 ``torch.autograd.graph.saved_tensors_hooks``, each storage once; the block's parameters, its
-input (the previous block's output) and the rotary table are left out. The same count for transformers'
-``LlamaDecoderLayer`` at the same shapes stands beside it (the graph memplan follows). Writes
-``validation/torchtitan_block.json``.
+input (the previous block's output) and the rotary table are left out. The same count for
+transformers' ``LlamaDecoderLayer`` at the same shapes stands beside it (the graph memplan
+follows). Writes ``validation/torchtitan_block.json``.
 
 torchtitan's package ``__init__`` imports its MoE Triton kernels, and ``model.py`` imports
 ``protocols.train_spec`` for one type, which pulls in the data loader and TensorBoard: none of
@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -54,14 +55,10 @@ def _import_block() -> tuple[type, type, object]:
     return TransformerModelArgs, TransformerBlock, precompute_freqs_cis
 
 
-def saved_bytes(seq: int) -> int:
-    """Bytes the block saves for its backward at ``seq`` tokens (one sequence)."""
-    args_cls, block_cls, freqs_of = _import_block()
-    args = args_cls(dim=HIDDEN, n_layers=40, n_heads=HEADS, vocab_size=32000, multiple_of=256,
-                    max_seq_len=seq)
-    block = block_cls(0, args).to(torch.bfloat16)
-    freqs = freqs_of(HIDDEN // HEADS, seq, args.rope_theta)
-    x = torch.randn(1, seq, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
+def _saved(module: torch.nn.Module, run: Callable[[], object],
+           inputs: tuple[torch.Tensor, ...]) -> int:
+    """Bytes autograd saves while ``run()`` calls ``module`` forward: each storage once, without
+    the module's parameters and ``inputs`` (the block input, rotary tables)."""
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -70,10 +67,21 @@ def saved_bytes(seq: int) -> int:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        block(x, freqs, None)
-    own = {p.untyped_storage().data_ptr() for p in block.parameters()}
-    own |= {t.untyped_storage().data_ptr() for t in (x, freqs)}
+        run()
+    own = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    own |= {t.untyped_storage().data_ptr() for t in inputs}
     return sum(n for ptr, n in seen.items() if ptr not in own)
+
+
+def saved_bytes(seq: int) -> int:
+    """Bytes torchtitan's block saves for its backward at ``seq`` tokens (one sequence)."""
+    args_cls, block_cls, freqs_of = _import_block()
+    args = args_cls(dim=HIDDEN, n_layers=40, n_heads=HEADS, vocab_size=32000, multiple_of=256,
+                    max_seq_len=seq)
+    block = block_cls(0, args).to(torch.bfloat16)
+    freqs = freqs_of(HIDDEN // HEADS, seq, args.rope_theta)
+    x = torch.randn(1, seq, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
+    return _saved(block, lambda: block(x, freqs, None), (x, freqs))
 
 
 def hf_saved_bytes(seq: int) -> int:
@@ -88,18 +96,8 @@ def hf_saved_bytes(seq: int) -> int:
     x = torch.randn(1, seq, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
     pos = torch.arange(seq)[None]
     cos, sin = LlamaRotaryEmbedding(cfg)(x, pos)
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        st = t.untyped_storage()
-        seen[st.data_ptr()] = st.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        layer(x, position_embeddings=(cos, sin), attention_mask=None, position_ids=pos)
-    own = {p.untyped_storage().data_ptr() for p in layer.parameters()}
-    own |= {t.untyped_storage().data_ptr() for t in (x, cos, sin)}
-    return sum(n for ptr, n in seen.items() if ptr not in own)
+    return _saved(layer, lambda: layer(x, position_embeddings=(cos, sin), attention_mask=None,
+                                       position_ids=pos), (x, cos, sin))
 
 
 def main() -> None:
