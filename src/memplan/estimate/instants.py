@@ -18,34 +18,41 @@ from .timeline import Instant, Mark, Marked, Phased, phased_marks
 __all__ = ["StageInstants", "instants_of"]
 
 
+def _walk(points: Sequence[Point], grad_total: int, inflight: float
+          ) -> Iterator[tuple[Point, Phase, float, int]]:
+    """Per point: its phase, the share of the parameter gradients produced by then (backward
+    progress), and the saved activations of the other micro-batches in flight."""
+    fwd_end = max((p.saved for p in points if p.phase == "forward"), default=0)
+    more = int((inflight - 1) * fwd_end) if inflight > 1 else 0
+    produced = 0
+    for p in points:
+        phase = Phase.FORWARD if p.phase == "forward" else Phase.BACKWARD
+        if phase == Phase.BACKWARD:
+            produced = p.grads
+        yield p, phase, min(1.0, produced / grad_total) if grad_total else 1.0, more
+
+
 def instants_of(points: Sequence[Point], grad_total: int, inflight: float,
                 interleaved: bool) -> list[Instant]:
     """One instant per simulated point: its saved activations and temporaries, the saved
     activations of the other micro-batches the stage holds in flight, and the share of the
     parameter gradients produced so far (backward)."""
-    fwd_end = max((p.saved for p in points if p.phase == "forward"), default=0)
-    produced = 0
     out = []
-    for p in points:
-        phase = Phase.FORWARD if p.phase == "forward" else Phase.BACKWARD
+    for p, phase, progress, more in _walk(points, grad_total, inflight):
         items = [Item(category=Category.ACTIVATIONS, name="saved for backward", bytes=p.saved,
                       formula="tensors autograd saves, op by op (estimate/activations)"),
                  Item(category=Category.TEMPORARY, name="intermediates and activation gradients",
                       bytes=p.temp, formula="live non-saved tensors at this op "
                       "(estimate/activations/graph.py)")]
         if inflight > 1:
-            more = f"{inflight - 1:g}"
             items.append(Item(category=Category.ACTIVATIONS,
-                              name=f"{more} more micro-batches in flight "
+                              name=f"{inflight - 1:g} more micro-batches in flight "
                               f"({'interleaved ' if interleaved else ''}1F1B)",
-                              bytes=int((inflight - 1) * fwd_end),
+                              bytes=more,
                               formula="1F1B: stage i holds pp - i micro-batches' activations "
                               "(Narayanan et al. 2021, §2.2); interleaved: Megatron-Core "
                               "warm-up chunks, see inflight_microbatches"))
-        if phase == Phase.BACKWARD:
-            produced = p.grads
-        out.append(Instant(phase, f"{p.phase}: {p.region}", tuple(items),
-                           progress=min(1.0, produced / grad_total) if grad_total else 1.0))
+        out.append(Instant(phase, f"{p.phase}: {p.region}", tuple(items), progress=progress))
     return out
 
 
@@ -85,16 +92,7 @@ class StageInstants(Sequence[Instant]):
         instant's ``items_bytes`` (saved + temporaries + the micro-batches in flight, the sum
         of its items) and ``progress``, exactly as ``instants_of`` gives them."""
         points, grad_total, inflight, _ = self._args
-        fwd_end = max((p.saved for p in points if p.phase == "forward"), default=0)
-        more = int((inflight - 1) * fwd_end) if inflight > 1 else 0
         by_phase: dict[Phase, list[Marked]] = {p: [] for p in ALL_PHASES}
-        fwd, bwd = by_phase[Phase.FORWARD], by_phase[Phase.BACKWARD]
-        produced = 0
-        for p in points:
-            if p.phase == "forward":
-                mine = fwd
-            else:
-                mine, produced = bwd, p.grads
-            mine.append(Mark(min(1.0, produced / grad_total) if grad_total else 1.0,
-                             p.saved + p.temp + more))
+        for p, phase, progress, more in _walk(points, grad_total, inflight):
+            by_phase[phase].append(Mark(progress, p.saved + p.temp + more))
         return phased_marks(by_phase, front=True)

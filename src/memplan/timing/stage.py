@@ -43,6 +43,7 @@ from ..hardware.node_hardware import NodeHardware
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
 from ..recipe.host import HostSetup
+from ..recipe.memo import kept_by_key
 from .comms import Link, allreduce_s, alltoall_s, gather_s, group_link
 from .fsdp2 import COPY_ENGINES, fsdp2_copy_bytes
 from .kernels import KernelTime, kernel_inputs, kernel_seconds
@@ -195,38 +196,10 @@ def _kernels(model: ModelSpec, recipe: Recipe, device: Device, rates: Rates, lay
               attention_peak=rates.attention_peak, matmul_efficiency=rates.matmul_efficiency,
               hbm_bytes_per_s=rates.hbm, bytes_per_element=rates.bytes_per_element,
               attention_override=rates.attention_override, gemm_sms=rates.gemm_sms)
-    if memo is None:
-        return (kernel_seconds(model, recipe, device, **kw),  # type: ignore[arg-type]
-                _recomputed(recipe, layers, model.num_layers))
     key = ("kernel_seconds", device.name, device.arch, *kw.values(), *kernel_inputs(recipe))
-    if key not in memo:
-        memo[key] = (kernel_seconds(model, recipe, device, **kw),  # type: ignore[arg-type]
-                     _recomputed(recipe, layers, model.num_layers))
-    return memo[key]  # type: ignore[return-value]
-
-
-def _kv_width(model: ModelSpec, memo: dict[object, object] | None) -> int:
-    """The widest layer's K plus V elements per token (what ring attention passes on);
-    ``memo``: kept once (one model)."""
-    if memo is not None and "kv_width" in memo:
-        return memo["kv_width"]  # type: ignore[return-value]
-    kv = max((ly.attention.num_kv_heads * (ly.attention.head_dim + ly.attention.v_head_dim)
-              for ly in model.layers if ly.attention), default=0)
-    if memo is not None:
-        memo["kv_width"] = kv
-    return kv
-
-
-def _moe_layers(model: ModelSpec, layers: range,
-                memo: dict[object, object] | None) -> list[int]:
-    """The layers of ``layers`` with routed experts; ``memo``: kept per range (one model)."""
-    if memo is None:
-        return [i for i in layers if (f := model.layers[i].ffn) and f.num_experts]
-    key = ("moe_layers", layers)
-    got = memo.get(key)
-    if got is None:
-        got = memo[key] = [i for i in layers if (f := model.layers[i].ffn) and f.num_experts]
-    return got  # type: ignore[return-value]
+    return kept_by_key(memo, key, lambda: (
+        kernel_seconds(model, recipe, device, **kw),  # type: ignore[arg-type]
+        _recomputed(recipe, layers, model.num_layers)))
 
 
 def stage_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
@@ -278,7 +251,8 @@ def stage_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardwar
              "etp": group_link(1, etp, local, intra, inter),
              "pp": inter if par.gpus > local else intra}
     t_tp = t(allreduce_s(act, tp, links["tp"]), "TP link") * (4 * n_layers + 2 * again) * m
-    moe = _moe_layers(model, load.layers, memo)
+    moe = kept_by_key(memo, ("moe_layers", load.layers), lambda: [
+        i for i in load.layers if (f := model.layers[i].ffn) and f.num_experts])
     t_ep = 0.0
     if moe:
         top_k = model.layers[moe[0]].ffn.top_k  # type: ignore[union-attr]
@@ -309,7 +283,9 @@ def stage_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardwar
             dp_reduce += t(allreduce_s(elems * gb, g, link), "DP link")
     dpo = dp_overlap(recipe, gather_s=dp_gather, reduce_s=dp_reduce,
                      grad_bytes=load.trainable * gb, layers=n_layers)
-    kv = _kv_width(model, memo)
+    kv = kept_by_key(memo, "kv_width", lambda: max(  # what ring attention passes on, per token
+        (ly.attention.num_kv_heads * (ly.attention.head_dim + ly.attention.v_head_dim)
+         for ly in model.layers if ly.attention), default=0))
     links["cp"] = group_link(tp, cp, local, intra, inter)
     cp_bytes = tokens_seq / cp * kv * rates.act_bytes / tp
     t_cp = t(gather_s(cp_bytes * cp, cp, links["cp"]), "CP link") * 3 * n_layers * m

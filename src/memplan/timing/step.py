@@ -40,9 +40,7 @@ peak.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 from ..errors import ConfigError
 from ..facts import dtypes
@@ -53,7 +51,7 @@ from ..recipe.host import HostSetup
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
 from ..units import dtype_bytes
-from ..recipe.memo import kept_by_parts
+from ..recipe.memo import kept_by_key, kept_by_parts
 from ..recipe.stages import stages_of
 from ..results import ResourceTime, TimeEstimate
 from ..results.time import validation_band
@@ -70,8 +68,6 @@ from .stage import Rates, StageTime, stage_time
 __all__ = ["Clock", "StepFigures", "clock", "estimate_time", "pcie_gb_per_s", "peak_tflops",
            "step_figures"]
 
-T = TypeVar("T")
-
 
 def peak_tflops(device: Device, recipe: Recipe) -> tuple[float | None, str]:
     """Dense peak TFLOP/s of the compute dtype (``fp8-mixed``: the fp8 rate for matmuls)."""
@@ -79,16 +75,6 @@ def peak_tflops(device: Device, recipe: Recipe) -> tuple[float | None, str]:
     key = "fp8" if recipe.precision.kind == "fp8-mixed" else dt
     rates = device.tflops or {}
     return rates.get(key), key
-
-
-def _memo(memo: dict[object, object] | None, key: tuple[object, ...], make: Callable[[], T]) -> T:
-    """``make()``, kept in ``memo`` under ``key`` (which must name everything ``make`` reads
-    besides the model and the device, fixed for one memo)."""
-    if memo is None:
-        return make()
-    if key not in memo:
-        memo[key] = make()
-    return memo[key]  # type: ignore[return-value]
 
 
 def pcie_gb_per_s(gen: int | None, pinned: bool) -> tuple[float | None, float | None]:
@@ -186,7 +172,7 @@ def _rates(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
                  act_bytes=dtype_bytes(dt.compute), param_bytes=_gathered_param_bytes(recipe),
                  grad_bytes=dtype_bytes(dt.grad), intra=intra, inter=inter, h2d=h2d, d2h=d2h,
                  fused=fused_kernels(recipe),
-                 fallback_hbm_bytes=_memo(memo, ("hbm_bytes_per_token", par.tp,
+                 fallback_hbm_bytes=kept_by_key(memo, ("hbm_bytes_per_token", par.tp,
                                                  recipe.batch.seq_len, *recompute_inputs(recipe)),
                                           lambda: _hbm_bytes_per_token(model, recipe, par.tp))
                  * tokens_replica / (par.tp * par.cp))
@@ -260,7 +246,7 @@ def clock(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
     m, v = recipe.batch.grad_accum, par.pp_virtual
     tokens_replica = recipe.batch.micro_batch * recipe.batch.seq_len * m
     split = tp * pp * cp
-    fl = _memo(memo, ("token_flops", recipe.batch.seq_len, *method_inputs(recipe),
+    fl = kept_by_key(memo, ("token_flops", recipe.batch.seq_len, *method_inputs(recipe),
                       *recompute_inputs(recipe)), lambda: token_flops(model, recipe))
     if stages is None:
         stages = [StageLoad(layers=r, trainable=trainable / (tp * pp))
