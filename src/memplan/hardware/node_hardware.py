@@ -14,7 +14,7 @@ from ..units import GB, GIB
 from . import Device
 from .nodes import Node
 
-__all__ = ["NodeHardware", "node_hardware", "parse_size", "PCIE_GENS"]
+__all__ = ["NodeHardware", "dram_gb_per_s", "node_hardware", "parse_size", "PCIE_GENS"]
 
 PCIE_GENS = (3, 4, 5)
 """PCIe generations with a measured host<->device bandwidth in ``facts/rates.toml``."""
@@ -45,6 +45,12 @@ class NodeHardware:
     """Inter-node bandwidth per GPU, one direction (line rate / 8)."""
     nvme_read_gb_per_s: float | None = None
     nvme_write_gb_per_s: float | None = None
+    cpu_sockets: int | None = None
+    """CPU sockets (NUMA domains of host memory); None = unknown."""
+    dram_gb_per_s: float | None = None
+    """Theoretical DRAM bandwidth of the whole node (channels x MT/s x 8 B); None = unknown."""
+    socket_link_gb_per_s: float | None = None
+    """Inter-socket link, one direction, vendor figure; None = unknown or one socket."""
     source: str = ""
     """Where the figures come from (the preset's source, or 'command line')."""
 
@@ -54,14 +60,17 @@ class NodeHardware:
                 "cpu_cores": self.cpu_cores, "nvlink_gb_per_s": self.nvlink_gb_per_s,
                 "network_gb_per_s": self.network_gb_per_s,
                 "nvme_read_gb_per_s": self.nvme_read_gb_per_s,
-                "nvme_write_gb_per_s": self.nvme_write_gb_per_s}
+                "nvme_write_gb_per_s": self.nvme_write_gb_per_s,
+                "cpu_sockets": self.cpu_sockets, "dram_gb_per_s": self.dram_gb_per_s,
+                "socket_link_gb_per_s": self.socket_link_gb_per_s}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> NodeHardware:
         return cls(**{k: d.get(k) for k in ("name", "gpus", "host_ram_bytes", "nvme_bytes",
                                             "pcie_gen", "cpu_cores", "nvlink_gb_per_s",
                                             "network_gb_per_s", "nvme_read_gb_per_s",
-                                            "nvme_write_gb_per_s")})
+                                            "nvme_write_gb_per_s", "cpu_sockets",
+                                            "dram_gb_per_s", "socket_link_gb_per_s")})
 
 
 def parse_size(text: str | int, flag: str) -> int:
@@ -121,5 +130,14 @@ def node_hardware(device: Device, gpus_per_node: int, node: Node | None = None, 
         pcie_gen=pcie_gen or node.pcie_gen or device.pcie_gen, cpu_cores=node.cpu_cores,
         nvlink_gb_per_s=node.nvlink_gb_per_s or nvlink,
         network_gb_per_s=node.network_gbit_per_gpu / 8 if node.network_gbit_per_gpu else None,
-        nvme_read_gb_per_s=read, nvme_write_gb_per_s=write,
-        source=node.source)
+        nvme_read_gb_per_s=read, nvme_write_gb_per_s=write, cpu_sockets=node.cpu_sockets,
+        dram_gb_per_s=dram_gb_per_s(node.memory_channels, node.memory_mt_per_s)
+        if node.memory_channels and node.memory_mt_per_s else None,
+        socket_link_gb_per_s=node.socket_link_gb_per_s, source=node.source)
+
+
+def dram_gb_per_s(channels: int, mt_per_s: int) -> float:
+    """Theoretical DRAM bandwidth, decimal GB/s: channels x transfers per second x 8 B. A DDR4
+    channel is 64 data bits wide (JEDEC JESD79-4), and so is a DDR5 DIMM's pair of 32-bit
+    sub-channels (JESD79-5), so one transfer moves 8 B per channel."""
+    return channels * mt_per_s * 8 / 1000

@@ -29,11 +29,18 @@ class Node:
     nvme_tb: float | None = None
     nvme_read_gb_per_s: float | None = None
     nvme_write_gb_per_s: float | None = None
+    cpu_sockets: int | None = None
+    memory_channels: int | None = None
+    """DRAM channels populated, all sockets together."""
+    memory_mt_per_s: int | None = None
+    """DIMM transfer rate as the node runs it (MT/s)."""
+    socket_link_gb_per_s: float | None = None
+    """Inter-socket link (UPI / xGMI), all links together, one direction, vendor figure."""
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
     extra: dict[str, Any] | None = None
-    """Row keys without a field here (cpu_model, sockets, channels...), kept as given."""
+    """Row keys without a field here (cpu_model, ...), kept as given."""
 
     @property
     def device(self) -> Device:
@@ -43,8 +50,10 @@ class Node:
 _FIELDS = {"name": str, "gpu": str, "gpus": int, "host_ram_gib": (int, float), "cpu_cores": int,
            "pcie_gen": int, "nvlink_gb_per_s": (int, float), "network_gbit_per_gpu": (int, float),
            "nvme_tb": (int, float), "nvme_read_gb_per_s": (int, float),
-           "nvme_write_gb_per_s": (int, float), "aliases": list, "source": str, "notes": str}
-"""Typed ``[[node]]`` keys; other keys (cpu_model, sockets, ...) are kept in ``Node.extra``."""
+           "nvme_write_gb_per_s": (int, float), "cpu_sockets": int, "memory_channels": int,
+           "memory_mt_per_s": int, "socket_link_gb_per_s": (int, float), "aliases": list,
+           "source": str, "notes": str}
+"""Typed ``[[node]]`` keys; other keys (cpu_model, ...) are kept in ``Node.extra``."""
 _REQUIRED = ("name", "gpu", "gpus", "source")
 
 

@@ -66,6 +66,12 @@ class HostSetup:
     """Checkpoints kept on the node's local NVMe (0 when they go to shared storage)."""
     pinned: bool = True
     """Offloaded states live in pinned memory (DeepSpeed default since PR #8207, facts §2.2)."""
+    numa_bound: bool = False
+    """Each rank's threads, and so its pinned host memory, are bound to its GPU's NUMA node
+    (``torchrun --numa-binding=node``, PyTorch >= 2.9; ``numactl --cpunodebind=N --membind=N``).
+    False, torchrun's and accelerate's default: pages land on the socket the rank happened to run
+    on, half of them on the far socket of a two-socket node, and their transfers cross the
+    inter-socket link (``timing/host_memory.py``)."""
     pinned_rounding: bool = True
     """PyTorch rounds each pinned allocation to a power of two (pytorch/pytorch#95823); false
     with ``pinned_max_round_threshold_mb`` set."""
@@ -84,7 +90,7 @@ class HostSetup:
                 p.add(f"host.{name}={value!r} must be a whole number >= 0.")
         p.positive("prefetch", self.prefetch)
         for name in ("init_copy", "pin_memory", "tokenize", "async_save", "save_optimizer",
-                     "pinned", "pinned_rounding"):
+                     "pinned", "pinned_rounding", "numa_bound"):
             if not isinstance(getattr(self, name), bool):
                 p.add(f"host.{name}={getattr(self, name)!r} must be true or false (TOML "
                       f"booleans are unquoted: {name} = true).")

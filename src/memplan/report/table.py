@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..breakdown import Breakdown, Category, Pool, RankBreakdown, Step
+from ..hardware.node_hardware import dram_gb_per_s
 from ..units import fmt_bytes, fmt_count
 from .host import host_sections
 from .summary import summary_line
@@ -168,8 +169,9 @@ def render_models(rows: list[dict[str, Any]]) -> Table:
 def render_nodes(rows: list[dict[str, Any]]) -> Table:
     t = Table(title="memplan node catalog (--node)", title_justify="left")
     for col, just in (("name", "left"), ("GPUs", "right"), ("host RAM", "right"),
-                      ("CPU cores", "right"), ("PCIe", "right"), ("NVMe", "right"),
-                      ("network/GPU", "right"), ("aliases", "left")):
+                      ("CPU cores", "right"), ("sockets", "right"), ("DRAM", "right"),
+                      ("PCIe", "right"), ("NVMe", "right"), ("network/GPU", "right"),
+                      ("aliases", "left")):
         t.add_column(col, justify=just, no_wrap=col == "name")  # type: ignore[arg-type]
 
     def opt(v: Any, unit: str = "") -> str:
@@ -177,10 +179,16 @@ def render_nodes(rows: list[dict[str, Any]]) -> Table:
 
     for r in rows:
         t.add_row(r["name"], f"{r['gpus']} x {r['gpu']}", opt(r["host_ram_gib"], " GiB"),
-                  opt(r["cpu_cores"]), opt(r["pcie_gen"]),
+                  opt(r["cpu_cores"]), opt(r["cpu_sockets"]), _dram(r), opt(r["pcie_gen"]),
                   opt(r["nvme_tb"], " TB"), opt(r["network_gbit_per_gpu"], " Gb/s"),
                   ", ".join(r["aliases"]))
     return t
+
+
+def _dram(r: dict[str, Any]) -> str:
+    """A node's theoretical DRAM bandwidth (channels x MT/s x 8 B), or '?'."""
+    ch, mt = r.get("memory_channels"), r.get("memory_mt_per_s")
+    return f"{dram_gb_per_s(ch, mt):g} GB/s" if ch and mt else "?"
 
 
 def render_devices(rows: list[dict[str, Any]]) -> Table:

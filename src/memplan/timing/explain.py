@@ -41,6 +41,11 @@ def time_notes(c: Clock, recipe: Recipe, device: Device,
     if cal is not None:
         notes.append(f"calibrated on {cal.torch_device} ({cal.model} shapes, torch "
                      f"{cal.torch_version}): GEMMs {cal.gemm_tflops:g} TFLOP/s")
+    if recipe.offload.kind in ("optimizer", "params+optimizer", "nvme") \
+            and c.rates.host.dram is None:
+        notes.append("host DRAM bandwidth unknown (a --node preset or --hardware node with "
+                     "memory_channels and memory_mt_per_s gives it): offload transfers and the CPU "
+                     "optimizer not bounded by it")
     unknown = sorted({u for s in times for u in s.unknown})
     if unknown:
         notes.append("not timed (unknown): " + ", ".join(unknown) + "; give --node or --pcie")
@@ -80,14 +85,39 @@ def resource_details(c: Clock, recipe: Recipe, device: Device) -> dict[str, str]
                    "CP overlapped; overlapped ones slow the kernels beside them by "
                    f"{constant('overlap_compute_slowdown'):.1%})",
         "pcie": "offload transfers (gradients out and parameter fetches overlapped; "
-                "ZeRO-Offload parameter upload serial)",
+                "ZeRO-Offload parameter upload serial)" + _pcie_limit(c, recipe),
         "nvme": "ZeRO-Infinity swaps (optimizer swaps overlap the CPU step)",
-        "cpu": "CPU optimizer step (serial: the GPU waits)",
+        "cpu": "CPU optimizer step (serial: the GPU waits)" + (
+            "" if not st.cpu else ", set by the socket's DRAM (" + _dram(c, recipe) + ")"
+            if st.cpu_limit == "dram" else ", set by the cores ("
+            f"{constant('cpu_adam_elements_per_s_per_core') / 1e6:g} M elements/s per core)"),
         "data": "on-the-fly tokenisation (overlapped via prefetch)",
         "pipeline bubble": "1F1B fill and drain: the other stages' work x 1/(micro-batches x "
                            f"pp_virtual) = 1/{m * v} (even stages: {pp - 1}/{m * v} of the "
                            "critical path)",
     }
+
+
+def _dram(c: Clock, recipe: Recipe) -> str:
+    host = c.rates.host
+    ranks = recipe.parallelism.local_gpus / host.sockets
+    return (f"{(host.dram or 0) / 1e9:.0f} GB/s usable per socket, shared by {ranks:g} ranks, "
+            f"{constant('dram_efficiency'):.0%} of channels x MT/s x 8 B")
+
+
+def _pcie_limit(c: Clock, recipe: Recipe) -> str:
+    """Which of the GPU's link, its socket's DRAM or the inter-socket link the offload
+    transfers wait for, the longer phase's first (``host_memory.HostMemory.transfer``)."""
+    host, rates, limits = c.rates.host, c.rates, c.times[c.j].pcie_limits
+    if not limits:   # no offload, or its PCIe generation is unknown
+        return ""
+    words = {"dram": f"the socket's DRAM ({_dram(c, recipe)})",
+             "socket link": f"the inter-socket link ({(host.link or 0) / 1e9:.0f} GB/s usable per "
+                            f"direction; unbound ranks keep {host.remote:.0%} of their pinned "
+                            "pages on the far socket: bind them, numa_bound = true in the "
+                            "recipe's host table, torchrun --numa-binding=node)",
+             "pcie": f"the GPU's PCIe link ({rates.h2d:g} GB/s in, {rates.d2h:g} out)"}
+    return ", set by " + " and ".join(words[k] for k in limits)
 
 
 def assumptions(c: Clock, recipe: Recipe) -> tuple[str, ...]:

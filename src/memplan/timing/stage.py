@@ -46,6 +46,7 @@ from ..recipe.host import HostSetup
 from ..recipe.memo import kept_by_key
 from .comms import Link, allreduce_s, alltoall_s, gather_s, group_link
 from .fsdp2 import COPY_ENGINES, fsdp2_copy_bytes
+from .host_memory import HostMemory
 from .kernels import KernelTime, kernel_inputs, kernel_seconds
 from .overlap import DpOverlap, dp_overlap
 from .pipeline import StageLoad
@@ -89,6 +90,8 @@ class Rates:
     """Host-to-device GB/s per GPU."""
     d2h: float | None
     """Device-to-host GB/s per GPU."""
+    host: HostMemory
+    """The node's sockets, DRAM and inter-socket link (``host_memory.py``)."""
     fused: bool
     """Elementwise chains run fused (``step.fused_kernels``)."""
     fallback_hbm_bytes: float = 0.0
@@ -124,6 +127,11 @@ class StageTime:
     nvme_optimizer: float = 0.0
     cpu: float = 0.0
     data: float = 0.0
+    pcie_limits: tuple[str, ...] = ()
+    """What sets the offload transfers' time, the longer phase first: ``pcie``, ``dram`` or
+    ``socket link`` (``host_memory.HostMemory.transfer``)."""
+    cpu_limit: str = "cores"
+    """What sets the CPU optimizer's time: ``cores`` or ``dram``."""
     unknown: list[str] = field(default_factory=list)
     notes: tuple[str, ...] = ()
 
@@ -306,15 +314,21 @@ def _offload(st: StageTime, recipe: Recipe, hw: NodeHardware, setup: HostSetup, 
     par = recipe.parallelism
     local, m = par.local_gpus, recipe.batch.grad_accum
     h2d, d2h = rates.h2d, rates.d2h
+    host = rates.host
     if recipe.offload.kind in ("optimizer", "params+optimizer", "nvme"):
         if d2h is None or h2d is None:
             st.unknown.append("PCIe generation")
         else:
-            st.pcie_overlapped += part * 2 / (d2h * 1e9) * m   # 16-bit gradient partition out
-            if recipe.offload.kind == "optimizer":
-                st.pcie_serial += part * 2 / (h2d * 1e9)        # updated 16-bit params back
-            else:
-                st.pcie_overlapped += 2 * part * 2 / (h2d * 1e9) * m  # param shards in, f + b
+            out, out_limit = host.transfer(part * 2, d2h * 1e9, local)
+            st.pcie_overlapped += out * m               # 16-bit gradient partition out
+            if recipe.offload.kind == "optimizer":      # updated 16-bit params back
+                back, back_limit = host.transfer(part * 2, h2d * 1e9, local)
+                st.pcie_serial += back
+            else:                                       # param shards in, forward + backward
+                back, back_limit = host.transfer(2 * part * 2, h2d * 1e9, local)
+                st.pcie_overlapped += back * m
+            st.pcie_limits = tuple(dict.fromkeys(
+                (back_limit, out_limit) if back >= out else (out_limit, back_limit)))
         if recipe.offload.kind == "nvme":
             read = hw.nvme_read_gb_per_s
             write = hw.nvme_write_gb_per_s or (read * constant("nvme_write_fraction")
@@ -326,7 +340,8 @@ def _offload(st: StageTime, recipe: Recipe, hw: NodeHardware, setup: HostSetup, 
             else:
                 st.unknown.append("NVMe bandwidth")
         if hw.cpu_cores:
-            st.cpu = part / (hw.cpu_cores / local * constant("cpu_adam_elements_per_s_per_core"))
+            cores_s = part / (hw.cpu_cores / local * constant("cpu_adam_elements_per_s_per_core"))
+            st.cpu, st.cpu_limit = host.optimizer(part, cores_s, local)
         else:
             st.unknown.append("CPU cores")
     if setup.tokenize:

@@ -15,6 +15,9 @@ tp x pp x cp):
   backward every micro-batch) at the measured pinned rate of the PCIe generation (x 0.4 pageable);
 - **nvme** = ZeRO-Infinity reads/writes per rank at the node's NVMe rate / local ranks;
 - **cpu** = CPU optimizer: partition elements / (cores per rank x 148 M elements/s/core);
+- **host memory** (``host_memory.py``): offload transfers and the CPU optimizer are also bounded
+  by their socket's DRAM, shared by the socket's ranks, and transfers to pages on the far socket
+  by the inter-socket link (unbound ranks: ``(sockets - 1) / sockets`` of their pages);
 - **data** = on-the-fly tokenisation at 50 MB/s of text per node (pre-tokenised data: ~0).
 
 Overlap rules (stated in every result): compute and HBM kernels run one after another on the
@@ -32,7 +35,8 @@ serial while the GPU waits.
 **Known limitations**: one matmul efficiency for every GEMM shape (small hidden sizes and TP
 shards are slower, so predictions are optimistic there); launches at the low end of the CPU
 cost, with whole-step run-ahead (a lower bound); NCCL/compute contention as one average figure;
-no contention between GPUs sharing a PCIe switch or socket. FP8 linears run at
+no contention between GPUs sharing a PCIe switch (their sockets' DRAM and link are shared).
+FP8 linears run at
 ``min(fp8 peak, 16-bit peak x float8_linear_speedup)`` (torchao's H100 Float8Linear benchmark,
 1.39x at a large shape, casts and scaling included; ``rates.toml``); MFU stays against the FP8
 peak.
@@ -60,6 +64,7 @@ from .comms import Link
 from .explain import assumptions, resource_details, time_notes
 from .flops import TokenFlops, token_flops
 from .gemm import base_matmul_efficiency
+from .host_memory import host_memory
 from .kernels import method_inputs
 from .pipeline import StageLoad, pipeline_step
 from .recompute import full_share, recompute_inputs
@@ -171,7 +176,7 @@ def _rates(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
                  bytes_per_element=1.0 if key == "fp8" else dtype_bytes(dt.compute),
                  act_bytes=dtype_bytes(dt.compute), param_bytes=_gathered_param_bytes(recipe),
                  grad_bytes=dtype_bytes(dt.grad), intra=intra, inter=inter, h2d=h2d, d2h=d2h,
-                 fused=fused_kernels(recipe),
+                 host=host_memory(hw, setup.numa_bound), fused=fused_kernels(recipe),
                  fallback_hbm_bytes=kept_by_key(memo, ("hbm_bytes_per_token", par.tp,
                                                  recipe.batch.seq_len, *recompute_inputs(recipe)),
                                           lambda: _hbm_bytes_per_token(model, recipe, par.tp))
