@@ -12,7 +12,7 @@ from memplan.hardware.nodes import get_node
 from memplan.host import HostSetup, node_hardware
 from memplan.system import stage_loads
 from memplan.timing import estimate_time, stage
-from memplan.timing.comms import Link, gather_s
+from memplan.timing.comms import Link, gather_s, ring_latency_s
 from memplan.timing.fsdp2 import fsdp2_copy_bytes
 from memplan.timing.step import _gathered_param_bytes
 
@@ -82,6 +82,8 @@ def test_torchtitan_gather_time_is_bf16():
                   checkpointing="op", attention="flash", engine="torchtitan")
     t = estimate_time(L8, r, H100, HW, HostSetup(), L8.num_params, stages=stage_loads(L8, r))
     nv = next(x.seconds for x in t.resources if x.name == "nvlink")
-    link = HW.nvlink_gb_per_s / 2 * constant("nvlink_efficiency")
-    one = gather_s(L8.num_params, 8, Link("nvlink", link))
-    assert nv == pytest.approx(one * 8, rel=1e-6)
+    link = Link("nvlink", HW.nvlink_gb_per_s / 2 * constant("nvlink_efficiency"),
+                step_s=1e-6 * constant("nccl_ring_nvlink_step_us"))
+    lat = ring_latency_s(8, link, 1)   # one per fully_shard unit (a block) and pass
+    one = gather_s(L8.num_params, 8, link) - lat
+    assert nv == pytest.approx(one * 8 + 3 * L8.num_layers * lat, rel=1e-6)

@@ -42,6 +42,17 @@ def test_transfer_takes_the_slowest_of_link_dram_and_socket_link():
     assert unknown.transfer(10e9, 200e9, 8) == pytest.approx((0.05, "pcie"))
 
 
+def test_one_rank_uses_its_home_socket_or_both():
+    """One GPU of a two-socket node: bound, its socket's DRAM serves all 10 GB; unbound, each
+    socket serves half, and half crosses the link."""
+    bound = HostMemory(sockets=2, dram=10e9, link=4e9, remote=0.0)
+    assert bound.transfer(10e9, 200e9, 1) == pytest.approx((1.0, "dram"))
+    free = HostMemory(sockets=2, dram=10e9, link=4e9, remote=0.5)
+    assert free.transfer(10e9, 200e9, 1) == pytest.approx((1.25, "socket link"))
+    assert HostMemory(sockets=2, dram=10e9, link=None, remote=0.5).transfer(
+        10e9, 200e9, 1) == pytest.approx((0.5, "dram"))
+
+
 def test_cpu_optimizer_is_bounded_by_its_sockets_dram():
     host = HostMemory(sockets=2, dram=100e9, link=None, remote=0.5)
     per_el = constant("optimizer_bytes_per_param_gpu")

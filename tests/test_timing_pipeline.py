@@ -13,6 +13,7 @@ from memplan.hardware.nodes import get_node
 from memplan.host import HostSetup, node_hardware
 from memplan.system import stage_loads
 from memplan.timing import estimate_time
+from memplan.timing.comms import ring_latency_s
 from memplan.timing.kernels import _layer_gemm_s
 from memplan.timing.pipeline import pipeline_step
 from memplan.timing.stage import stage_time
@@ -122,8 +123,12 @@ def test_etp_changes_expert_time_and_comm(monkeypatch):
         load = stage_loads(m, r)[0]
         return stage_time(m, r, H100, HW, HostSetup(), rates, load, last=True).ep
     # per MoE layer and pass: A2A of b s/tp k h over ep = 2, + AG/RS of 4x that over etp = 4
-    a2a = 512 / 4 * m.layers[0].ffn.top_k * m.hidden_size * 2 * (1 / 2)
-    ag = 512 / 4 * m.layers[0].ffn.top_k * m.hidden_size * 2 * 4 * (3 / 4)
+    # (a ring over 4 NVLink GPUs, with its latency; the all-to-all's latency is not timed)
+    link = _rates(m, Recipe.of(gpus_per_node=8, etp=4, **kw), H100, HW, HostSetup(), None,
+                  989.4e12, "bf16").intra
+    a2a = 512 / 4 * m.layers[0].ffn.top_k * m.hidden_size * 2 * (1 / 2) / (link.gb_per_s * 1e9)
+    ag = 512 / 4 * m.layers[0].ffn.top_k * m.hidden_size * 2 * 4 * (3 / 4) / (
+        link.gb_per_s * 1e9) + ring_latency_s(4, link, 1)
     assert ep_seconds(4) / ep_seconds(1) == pytest.approx((a2a + ag) / a2a)
 
 

@@ -23,40 +23,70 @@ Volumes (16-bit activations/parameters, Megatron §3 of Narayanan et al. 2021 / 
 - EP: dispatch + combine all-to-all of ``b s top_k h`` per MoE layer, forward and backward
   (``alltoall_s``: across nodes each GPU's remote share leaves through its own NIC);
 - PP: one ``b s h`` activation send per micro-batch per direction.
+
+Every ring collective also pays NCCL's latency (``ring_latency_s``: its tuner's constants for
+the ring algorithm and Simple protocol), once per call: a 16.8 MB TP all-reduce over 8
+NVLink GPUs spends 56 us of latency next to 78 us of transfer. Not timed: all-to-all latency.
 """
 
 from __future__ import annotations
 
-__all__ = ["allreduce_s", "alltoall_s", "gather_s", "group_link", "Link"]
+from ..facts.constants import constant
+
+__all__ = ["allreduce_s", "alltoall_s", "gather_s", "group_link", "ring_latency_s", "Link"]
 
 
 class Link:
-    """A link's name (``nvlink`` / ``network`` / ``pcie``) and usable GB/s per GPU per direction
-    (None = unknown)."""
+    """A link's name (``nvlink`` / ``network`` / ``pcie``), usable GB/s per GPU per direction
+    (None = unknown), and what a ring's latency needs: ``per_node``, the group's members in
+    one node when the link is the network (0: the whole group is in one node), and ``step_s``,
+    the latency of one ring step inside a node (``ring_latency_s``)."""
 
-    __slots__ = ("name", "gb_per_s")
+    __slots__ = ("name", "gb_per_s", "per_node", "step_s")
 
-    def __init__(self, name: str, gb_per_s: float | None):
+    def __init__(self, name: str, gb_per_s: float | None, *, per_node: int = 0,
+                 step_s: float = 0.0):
         self.name = name
         self.gb_per_s = gb_per_s
+        self.per_node = per_node
+        self.step_s = step_s
+
+
+def ring_latency_s(n: int, link: Link, passes: int) -> float:
+    """Latency of one ring collective over ``n`` ranks, NCCL's own model of it for the ring
+    algorithm and the Simple protocol (NVIDIA/nccl@5067397 ``src/graph/tuning.cc``): a base
+    latency plus one latency per step, ``passes x (n - 1)`` steps (2 for all-reduce, 1 for
+    all-gather and reduce-scatter), of which ``passes x (nodes - 1)`` cross the network at
+    the network's step latency and the rest run inside a node at ``link.step_s``. NCCL picks,
+    per call, the algorithm and protocol with the least ``latency + bytes / bandwidth``, so
+    the ring's latency is an upper bound on what it pays."""
+    if n <= 1:
+        return 0.0
+    steps = passes * (n - 1)
+    nodes = -(-n // link.per_node) if link.per_node else 1
+    inter = passes * (nodes - 1)
+    return 1e-6 * (constant("nccl_ring_base_latency_us") + inter * constant(
+        "nccl_ring_net_step_us")) + (steps - inter) * link.step_s
 
 
 def allreduce_s(nbytes: float, n: int, link: Link) -> float | None:
-    """Ring all-reduce time: 2 (n-1)/n x bytes / bandwidth (0 for n = 1, None if unknown)."""
+    """Ring all-reduce time: 2 (n-1)/n x bytes / bandwidth, plus the ring's latency (0 for
+    n = 1, None if unknown)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
     if not link.gb_per_s:
         return None
-    return 2 * (n - 1) / n * nbytes / (link.gb_per_s * 1e9)
+    return 2 * (n - 1) / n * nbytes / (link.gb_per_s * 1e9) + ring_latency_s(n, link, 2)
 
 
 def gather_s(nbytes: float, n: int, link: Link) -> float | None:
-    """All-gather / reduce-scatter / all-to-all time: (n-1)/n x bytes / bandwidth."""
+    """All-gather / reduce-scatter time: (n-1)/n x bytes / bandwidth, plus the ring's latency
+    (a point-to-point send, ``n = 2``, is timed alike)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
     if not link.gb_per_s:
         return None
-    return (n - 1) / n * nbytes / (link.gb_per_s * 1e9)
+    return (n - 1) / n * nbytes / (link.gb_per_s * 1e9) + ring_latency_s(n, link, 1)
 
 
 def alltoall_s(nbytes: float, n: int, per_node: int, intra: Link, inter: Link
@@ -98,4 +128,6 @@ def group_link(inner: int, size: int, local: int, intra: Link, inter: Link) -> L
         return inter
     per_node = max(1, min(size, local // max(inner, 1)))
     bw = inter.gb_per_s * per_node
-    return Link("network", min(bw, intra.gb_per_s) if intra.gb_per_s else bw)
+    # a ring across nodes: NCCL raises the intra-node step to its network overhead (tuning.cc)
+    return Link("network", min(bw, intra.gb_per_s) if intra.gb_per_s else bw, per_node=per_node,
+                step_s=max(intra.step_s, 1e-6 * constant("nccl_net_overhead_us")))

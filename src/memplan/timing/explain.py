@@ -100,9 +100,9 @@ def resource_details(c: Clock, recipe: Recipe, device: Device) -> dict[str, str]
 
 def _dram(c: Clock, recipe: Recipe) -> str:
     host = c.rates.host
-    ranks = recipe.parallelism.local_gpus / host.sockets
-    return (f"{(host.dram or 0) / 1e9:.0f} GB/s usable per socket, shared by {ranks:g} ranks, "
-            f"{constant('dram_efficiency'):.0%} of channels x MT/s x 8 B")
+    return (f"{(host.dram or 0) / 1e9:.0f} GB/s usable per socket, {host.sockets} sockets for "
+            f"{recipe.parallelism.local_gpus} ranks, {constant('dram_efficiency'):.0%} of "
+            "channels x MT/s x 8 B")
 
 
 def _pcie_limit(c: Clock, recipe: Recipe) -> str:

@@ -62,19 +62,26 @@ class HostMemory:
     def transfer(self, per_rank: float, own: float, ranks: int) -> tuple[float, str]:
         """Seconds for ``ranks`` ranks of the node to move ``per_rank`` bytes each between GPU
         and pinned host memory at once, each at most at ``own`` bytes/s (its PCIe link), and
-        which of the three sets it: ``pcie``, ``dram`` or ``socket link``."""
-        per_socket = ranks / self.sockets * per_rank
+        which of the three sets it: ``pcie``, ``dram`` or ``socket link``.
+
+        The busiest socket hosts ``ceil(ranks / sockets)`` of the GPUs. Its DRAM serves their
+        local share and the far share of the other ranks (spread over the other sockets); its
+        link to the others carries its ranks' far share."""
+        home = -(-ranks // self.sockets)
+        far = self.remote * per_rank
         times = {"pcie": per_rank / own}
         if self.dram:
-            times["dram"] = per_socket / self.dram
-        if self.link and self.remote:
-            times["socket link"] = self.remote * per_socket / self.link
+            others = far * (ranks - home) / (self.sockets - 1) if self.sockets > 1 else 0.0
+            times["dram"] = (home * (per_rank - far) + others) / self.dram
+        if self.link and far:
+            times["socket link"] = home * far / (self.sockets - 1) / self.link
         return _slowest(times)
 
     def optimizer(self, elements: float, compute_s: float, ranks: int) -> tuple[float, str]:
         """Seconds of the CPU optimizer step of ``ranks`` ranks with ``elements`` each: their
         cores' rate (``compute_s``) or their socket's DRAM, whichever is slower (``cores`` or
-        ``dram``)."""
+        ``dram``). A rank's threads take ``cores / ranks`` of the node's cores, so the states
+        spread over the sockets as the threads do: ``ranks / sockets`` ranks' worth each."""
         times = {"cores": compute_s}
         if self.dram:
             per_socket = ranks / self.sockets * elements

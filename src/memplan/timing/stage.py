@@ -35,6 +35,8 @@ collective's SM count or message size.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..facts.constants import constant
@@ -188,6 +190,40 @@ class StageTime:
                 + max(self.cpu, self.nvme_optimizer) + self.pcie_serial)
 
 
+def dp_calls(recipe: Recipe, elems: float, grad_bytes: float, layers: int, dp: int
+             ) -> tuple[int, int]:
+    """Collective calls per pass of the DP parameter gathers and of the gradient reductions
+    over ``elems`` elements: each call pays the ring's latency (``comms.ring_latency_s``).
+
+    - FSDP2 / torchtitan / FSDP1: one per wrapped unit, a transformer block (``fully_shard``
+      and FSDP1's auto-wrap per block);
+    - DeepSpeed: its buckets, ``reduce_bucket_size`` and ``allgather_bucket_size`` elements
+      (ZeRO-3's gathers: ``stage3_prefetch_bucket_size``); a call never holds more, and
+      ZeRO-3 also gathers module by module, so this is the least number of calls;
+    - Megatron-Core: buckets of ``max(40000000, 1000000 x dp)`` elements with
+      ``--overlap-grad-reduce`` ("larger DP sizes need larger buckets to ensure collectives do
+      not become latency-bound", ``distributed_data_parallel_config.py``), one without;
+    - DDP: ``bucket_cap_mb``'s 25 MiB buckets (``ddp_bucket_bytes``)."""
+    if elems <= 0:
+        return 1, 1
+    kind, e = str(recipe.engine_kind), recipe.engine
+
+    def buckets(size: float) -> int:
+        return max(1, math.ceil(elems / size))
+
+    if kind in ("fsdp1", "fsdp2", "torchtitan") and recipe.parallelism.zero == 3:
+        return max(1, layers), max(1, layers)
+    if kind == "deepspeed":
+        gather = e.stage3_prefetch_bucket_size if recipe.parallelism.zero == 3 \
+            else e.allgather_bucket_size
+        return buckets(gather or e.allgather_bucket_size), buckets(e.reduce_bucket_size)
+    if kind == "megatron":
+        k = buckets(max(40_000_000, 1_000_000 * dp)) if e.overlap_comm else 1
+        return k, k
+    k = max(1, math.ceil(elems * grad_bytes / constant("ddp_bucket_bytes")))
+    return k, k
+
+
 def _recomputed(recipe: Recipe, layers: range, n: int) -> float:
     """Layers of the stage whose forward (and its collectives) runs again in the backward."""
     if recipe.checkpointing.kind == "op":
@@ -281,14 +317,19 @@ def stage_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardwar
     dp_gather = dp_reduce = 0.0
     for elems, g, link in ((load.trainable - load.expert_trainable, n, links["dp"]),
                            (load.expert_trainable, n_exp, exp_link)):
+        gc, rc = dp_calls(recipe, elems, gb, n_layers, g)
+
+        def calls(k: int, f: Callable[..., float | None], nbytes: float) -> float:
+            return k * t(f(nbytes / k, g, link), "DP link")
+
         if par.zero == 3:
-            dp_gather += 2 * t(gather_s(elems * pb, g, link), "DP link") * m
-            dp_reduce += t(gather_s(elems * gb, g, link), "DP link") * m
+            dp_gather += 2 * calls(gc, gather_s, elems * pb) * m
+            dp_reduce += calls(rc, gather_s, elems * gb) * m
         elif par.zero == 2:
-            dp_reduce += t(gather_s(elems * gb, g, link), "DP link") * m
-            dp_gather += t(gather_s(elems * pb, g, link), "DP link")
+            dp_reduce += calls(rc, gather_s, elems * gb) * m
+            dp_gather += calls(gc, gather_s, elems * pb)
         else:
-            dp_reduce += t(allreduce_s(elems * gb, g, link), "DP link")
+            dp_reduce += calls(rc, allreduce_s, elems * gb)
     dpo = dp_overlap(recipe, gather_s=dp_gather, reduce_s=dp_reduce,
                      grad_bytes=load.trainable * gb, layers=n_layers)
     kv = kept_by_key(memo, "kv_width", lambda: max(  # what ring attention passes on, per token

@@ -158,11 +158,12 @@ def _rates(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
     h2d, d2h = pcie_gb_per_s(hw.pcie_gen, setup.pinned)
     if cal is not None and cal.h2d_gb_per_s and cal.d2h_gb_per_s:
         h2d, d2h = cal.h2d_gb_per_s, cal.d2h_gb_per_s
-    intra = (Link("nvlink", nv / 2 * constant("nvlink_efficiency")) if nv
-             else Link("pcie", h2d))
+    intra = (Link("nvlink", nv / 2 * constant("nvlink_efficiency"),
+                  step_s=1e-6 * constant("nccl_ring_nvlink_step_us")) if nv
+             else Link("pcie", h2d, step_s=1e-6 * constant("nccl_ring_pcie_step_us")))
     if cal is not None and cal.allreduce_bus_gb_per_s and \
             cal.world_size <= recipe.parallelism.local_gpus:
-        intra = Link(intra.name, cal.allreduce_bus_gb_per_s)
+        intra = Link(intra.name, cal.allreduce_bus_gb_per_s, step_s=intra.step_s)
     inter = Link("network", hw.network_gb_per_s * constant("network_efficiency")
                  if hw.network_gb_per_s else None)
     par = recipe.parallelism
