@@ -114,6 +114,10 @@ class Moment:
     """What happens at the instant, e.g. ``backward: loss`` or ``forward: layer 31``."""
     items: tuple[Item, ...]
     """Allocated-pool lines live at the instant."""
+    seconds: float | None = None
+    """When the instant comes, in seconds from the start of its step, on the step-time
+    estimate's time axis (``timing/schedule.py``); None without one (the load phase, a
+    measurement, no step time)."""
 
     @property
     def allocated_bytes(self) -> int:
@@ -128,15 +132,20 @@ class Moment:
 
     def to_dict(self) -> dict[str, Any]:
         """Summary form for JSON: totals per category, not the items."""
-        return {"step": str(self.step), "phase": str(self.phase), "label": self.label,
-                "allocated_bytes": self.allocated_bytes,
-                "categories": {str(c): b for c, b in self.categories().items() if b}}
+        out = {"step": str(self.step), "phase": str(self.phase), "label": self.label,
+               "allocated_bytes": self.allocated_bytes,
+               "categories": {str(c): b for c, b in self.categories().items() if b}}
+        if self.seconds is not None:
+            out["seconds"] = self.seconds
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Moment:
         items = tuple(Item(category=Category(c), name=c, bytes=int(b))
                       for c, b in d.get("categories", {}).items())
-        return cls(step=Step(d["step"]), phase=Phase(d["phase"]), label=d["label"], items=items)
+        seconds = d.get("seconds")
+        return cls(step=Step(d["step"]), phase=Phase(d["phase"]), label=d["label"], items=items,
+                   seconds=None if seconds is None else float(seconds))
 
 
 _ON_GPU = (Pool.ALLOCATED, Pool.RESERVED, Pool.DEVICE)
@@ -288,7 +297,8 @@ class RankBreakdown:
         for k, m in enumerate(moments):
             if (m.label == d.get("peak_moment") and str(m.step) == d.get("peak_step")
                     and m.allocated_bytes == sum(i.bytes for i in allocated)):
-                moments[k] = Moment(step=m.step, phase=m.phase, label=m.label, items=allocated)
+                moments[k] = Moment(step=m.step, phase=m.phase, label=m.label, items=allocated,
+                                    seconds=m.seconds)
                 break
         return cls(role=d["role"], ranks=int(d["ranks"]), moments=tuple(moments),
                    outside=tuple(i for i in items if i.pool != Pool.ALLOCATED),

@@ -19,6 +19,7 @@ from .recipe import Recipe
 from .timing import estimate_time
 from .timing.calibration import Calibration
 from .timing.pipeline import StageLoad
+from .timing.schedule import timed
 
 __all__ = ["with_host_and_time", "stage_loads"]
 
@@ -73,4 +74,8 @@ def with_host_and_time(b: Breakdown, model: ModelSpec, recipe: Recipe, device: D
     trainable = b.model.trainable_params
     time = estimate_time(model, recipe, device, hw, setup, trainable, calibration,
                          stage_loads(model, recipe, memo))
-    return replace(b, host=host, nvme=nvme, time=time)
+    ranks = b.ranks
+    if time is not None and len(time.stages) == len(ranks):   # one rank per pipeline stage
+        ranks = tuple(replace(r, moments=timed(r.moments, p, time.step_seconds))
+                      for r, p in zip(ranks, time.stages))
+    return replace(b, host=host, nvme=nvme, time=time, ranks=ranks)

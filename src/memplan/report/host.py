@@ -92,9 +92,26 @@ def host_sections(b: Breakdown) -> list[RenderableType]:
                      f"{t.error_max:+.0%} (README 'Step time')", style="dim"),
                 Text.assemble("  GPU idle   ", (f"{t.gpu_idle_fraction:.0%}", "bold"),
                               "   bottleneck: ", (t.bottleneck, "bold"))]
+        out += _time_axis(b)
         out += [Text(f"  assumes: {a}", style="dim") for a in t.assumptions]
         out += [Text(f"  note: {x}", style="yellow") for x in t.notes]
     elif h is not None:
         out.append(Text("step time: the GPU catalog has no dense peak for this compute dtype on "
                         f"{b.device.name}; not predicted.", style="yellow"))
     return out
+
+
+def _time_axis(b: Breakdown) -> list[Text]:
+    """Where the worst rank's drawn micro-batch and its peak sit on the step's time axis
+    (``timing/schedule.py``), when the estimate has one."""
+    t = b.time
+    if t is None or len(t.stages) != len(b.ranks):
+        return []
+    p = t.stages[b.ranks.index(b.worst)]
+    fwd_end = p.forward_start + p.forward_seconds
+    peak = b.worst.peak_moment
+    at = (f"; peak at {peak.seconds:.3g} s ({peak.label}, {peak.step} step)"
+          if peak.seconds is not None else "")
+    return [Text(f"  time axis  last micro-batch: forward {p.forward_start:.3g}-{fwd_end:.3g} s, "
+                 f"backward to {fwd_end + p.backward_seconds:.3g} s, serial tail "
+                 f"{p.tail_start:.3g}-{t.step_seconds:.3g} s{at}")]

@@ -180,7 +180,9 @@ def timeline_area(moments: Sequence[Mapping[str, Any]], *, capacity_bytes: int |
     # hover bands: one transparent column per moment with its values
     for i, m in enumerate(moments):
         parts = [f"{c} {fmt_bytes(b)}" for c, b in m.get("categories", {}).items() if b]
-        tip = (f"{m['label']} ({m['step']} step): {fmt_bytes(totals[i])}\n" + ", ".join(parts))
+        at = f" at {m['seconds']:.3g} s" if m.get("seconds") is not None else ""
+        tip = (f"{m['label']} ({m['step']} step{at}): {fmt_bytes(totals[i])}\n"
+               + ", ".join(parts))
         out.append(f'<rect data-moment="{i}" data-bytes="{totals[i]}" x="{_n(sx(i))}" '
                    f'y="{top_pad}" width="{_n(step_w)}" height="{ph}" fill="transparent">'
                    f'<title>{escape(tip)}</title></rect>')

@@ -3,9 +3,9 @@ host, timing, trace or measure. ``Breakdown`` (``memplan.breakdown``) carries th
 
 from .host import MOMENTS, HostEstimate, HostLine, NvmeEstimate
 from .info import AllocatorCounters, DeviceInfo, ModelInfo
-from .time import RESOURCES, ResourceTime, TimeEstimate
+from .time import RESOURCES, ResourceTime, StagePhases, TimeEstimate
 from .traffic import Traffic
 
 __all__ = ["AllocatorCounters", "DeviceInfo", "HostEstimate", "HostLine", "ModelInfo",
-           "MOMENTS", "NvmeEstimate", "RESOURCES", "ResourceTime", "TimeEstimate",
-           "Traffic"]
+           "MOMENTS", "NvmeEstimate", "RESOURCES", "ResourceTime", "StagePhases",
+           "TimeEstimate", "Traffic"]

@@ -8,7 +8,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["ResourceTime", "TimeEstimate", "RESOURCES", "validation_band"]
+__all__ = ["ResourceTime", "StagePhases", "TimeEstimate", "RESOURCES", "validation_band"]
 
 
 @cache
@@ -49,6 +49,29 @@ class ResourceTime:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class StagePhases:
+    """When, in seconds from the start of the step, one pipeline stage runs the forward and
+    backward of the micro-batch the memory timeline draws (the step's last) and the serial
+    tail after it (``timing/schedule.py``)."""
+
+    forward_start: float
+    forward_seconds: float
+    backward_seconds: float
+    tail_start: float
+    """Where the serial tail begins: the DP reduction the engine cannot hide, the optimizer
+    step (GPU, CPU or NVMe) and the ZeRO-Offload upload; it ends with the step."""
+
+    def to_dict(self) -> dict[str, float]:
+        return {"forward_start": self.forward_start, "forward_seconds": self.forward_seconds,
+                "backward_seconds": self.backward_seconds, "tail_start": self.tail_start}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StagePhases:
+        return cls(**{k: float(d[k]) for k in ("forward_start", "forward_seconds",
+                                               "backward_seconds", "tail_start")})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TimeEstimate:
     """Predicted time of one optimizer step and where it goes."""
 
@@ -77,6 +100,8 @@ class TimeEstimate:
     error_max: float = 0.0
     """Largest signed error validation measured (``timing/accuracy.toml``)."""
     model_flops_noncausal_per_step: float = 0.0
+    stages: tuple[StagePhases, ...] = ()
+    """One per pipeline stage, in the order of the breakdown's ranks: the step's time axis."""
     """Model FLOPs over the full s x s attention matrix (torchtitan's / PaLM's MFU formula), to
     compare with MFUs published that way; 0 when not computed."""
 
@@ -133,6 +158,7 @@ class TimeEstimate:
             "gpu_busy_seconds": self.gpu_busy_seconds,
             "resources": [r.to_dict() for r in self.resources],
             "assumptions": list(self.assumptions), "notes": list(self.notes),
+            "stages": [p.to_dict() for p in self.stages],
         }
 
     @classmethod
@@ -147,4 +173,5 @@ class TimeEstimate:
                    error_min=float(d.get("error_min", 0.0)),
                    error_max=float(d.get("error_max", 0.0)),
                    model_flops_noncausal_per_step=float(
-                       d.get("model_flops_noncausal_per_step", 0.0)))
+                       d.get("model_flops_noncausal_per_step", 0.0)),
+                   stages=tuple(StagePhases.from_dict(p) for p in d.get("stages", ())))

@@ -54,6 +54,9 @@ class KernelTime:
     """GEMMs of the linear layers and the output head."""
     attention_s: float
     """Attention core (QK^T, softmax, AV) kernels."""
+    forward_s: float = 0.0
+    """The part of ``linear_s + attention_s`` the forward runs (recomputation counts with the
+    backward): where the step's time axis puts the forward (``schedule.py``)."""
     notes: tuple[str, ...] = ()
     """Fallbacks taken (no published kernel figure for this GPU)."""
 
@@ -172,7 +175,7 @@ def kernel_seconds(model: ModelSpec, recipe: Recipe, device: Device, *, layers: 
     first_trainable = n - recipe.method.freeze_trainable_layers if recipe.method.kind == "freeze" else 0
     w_grad = 1.0 if recipe.method.kind in ("full", "freeze") or frozen_weight_grads(recipe) \
         else 0.0
-    lin = att = 0.0
+    lin = att = fwd = 0.0
     for i in layers:
         layer = model.layers[i]
         g = _layer_gemm_s(layer, tokens, par, gemm)
@@ -180,6 +183,7 @@ def kernel_seconds(model: ModelSpec, recipe: Recipe, device: Device, *, layers: 
         if recipe.platform.attention != "eager":
             a *= _causal_share(layer)
         a_f, a_b = a / (attention_peak * eff_f), 2 * a / (attention_peak * eff_b)
+        fwd += g + a_f
         if i < first_trainable:
             lin += g
             att += a_f
@@ -187,6 +191,8 @@ def kernel_seconds(model: ModelSpec, recipe: Recipe, device: Device, *, layers: 
         lin += g * (2 + w_grad) + g * recompute_matmul_share(recipe, layer, i, n)
         att += a_f + a_b + (a_f if attention_recomputed(recipe, i, n) else 0.0)
     if head:
-        lin += gemm(tokens, model.hidden_size, model.vocab_size / tp) * (
-            3 if recipe.method.kind == "full" else 2)
-    return KernelTime(linear_s=lin, attention_s=att, notes=(note,) if note else ())
+        h = gemm(tokens, model.hidden_size, model.vocab_size / tp)
+        lin += h * (3 if recipe.method.kind == "full" else 2)
+        fwd += h
+    return KernelTime(linear_s=lin, attention_s=att, forward_s=fwd,
+                      notes=(note,) if note else ())

@@ -129,6 +129,9 @@ class StageTime:
     nvme_optimizer: float = 0.0
     cpu: float = 0.0
     data: float = 0.0
+    forward_busy: float = 0.0
+    """Part of ``busy`` the forward passes run: their GEMM, attention and memory-bound kernels
+    (the time axis of the step, ``schedule.py``)."""
     pcie_limits: tuple[str, ...] = ()
     """What sets the offload transfers' time, the longer phase first: ``pcie``, ``dram`` or
     ``socket link`` (``host_memory.HostMemory.transfer``)."""
@@ -264,10 +267,12 @@ def stage_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardwar
                 + load.expert_trainable / par.expert_shard_degree)
     opt_bytes = (0.0 if recipe.offload.kind != "none"
                  else constant("optimizer_bytes_per_param_gpu") * part)
+    fwd_bytes = 0.0
     if load.traffic is not None:
         tr = load.traffic
         pipe_bytes = (tr.fused_bytes if rates.fused else tr.eager_bytes) * m
         kernels = (tr.fused_kernels if rates.fused else tr.eager_kernels) * m
+        fwd_bytes = (tr.fused_forward_bytes if rates.fused else tr.eager_forward_bytes) * m
     else:
         pipe_bytes = rates.fallback_hbm_bytes * n_layers / max(model.num_layers, 1)
         kernels = 0.0
@@ -343,8 +348,8 @@ def stage_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardwar
                    optimizer_hbm=opt_bytes / hbm if hbm else 0.0,
                    issue=kernels * constant("kernel_launch_cpu_seconds"), kernels=kernels,
                    tp=t_tp, ep=t_ep, pp=t_pp, cp=t_cp, cp_exposed=par.cp_comm_exposed,
-                   dp=dpo, links=links, unknown=unknown,
-                   notes=kt.notes)
+                   dp=dpo, links=links, unknown=unknown, notes=kt.notes,
+                   forward_busy=kt.forward_s * m + (fwd_bytes / hbm if hbm else 0.0))
     _offload(st, recipe, hw, setup, rates, part)
     return st
 

@@ -67,6 +67,7 @@ from .gemm import base_matmul_efficiency
 from .host_memory import host_memory
 from .kernels import method_inputs
 from .pipeline import StageLoad, pipeline_step
+from .schedule import stage_phases
 from .recompute import full_share, recompute_inputs
 from .stage import Rates, StageTime, stage_time
 
@@ -343,4 +344,4 @@ def estimate_time(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHard
         error_min=validation_band()[0], error_max=validation_band()[1],
         peak_flops_per_gpu=c.peak, gpu_busy_seconds=c.times[c.j].busy, resources=resources,
         assumptions=assumptions(c, recipe),
-        notes=time_notes(c, recipe, device, calibration))
+        notes=time_notes(c, recipe, device, calibration), stages=stage_phases(c, recipe))

@@ -8,7 +8,7 @@ instant: saved activations, temporaries, and the parameter gradients produced so
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 from ...model.spec import ModelSpec
@@ -320,9 +320,8 @@ def _two_layer_runs(spec: ModelSpec, start: int, ctx: Ctx, args: dict[str, objec
         per = graph_traffic(stage_graph(spec, layers, c, **args))  # type: ignore[arg-type]
         if not k:
             return [per]
-        return [{r: Traffic(eager_bytes=lane(t.eager_bytes, j), fused_bytes=lane(
-            t.fused_bytes, j), eager_kernels=lane(t.eager_kernels, j), fused_kernels=lane(
-            t.fused_kernels, j)) for r, t in per.items()} for j in range(k)]
+        return [{r: Traffic(**{f.name: lane(getattr(t, f.name), j) for f in fields(Traffic)})
+                 for r, t in per.items()} for j in range(k)]
 
     for c, per_region in _in_lanes(ctx, memo, key, run, args["tp"]):
         memo[key(c)] = _two_layer(per_region, start)

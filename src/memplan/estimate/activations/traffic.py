@@ -163,10 +163,13 @@ def graph_traffic(g: Graph) -> dict[str, Traffic]:
                     extra = grad_uses[t] - 1
                     eb += 3.0 * t.nbytes * extra
                     ek += extra
-        acc = out.setdefault(op.region, [0.0, 0.0, 0.0, 0.0])
+        acc = out.setdefault(op.region, [0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
         acc[0] += eb
         acc[1] += xb
         acc[2] += ek
         acc[3] += xk
+        acc[4] += fb
+        acc[5] += f_fused if ew else 0.0
     return {r: Traffic(eager_bytes=v[0], fused_bytes=v[1], eager_kernels=v[2],
-                       fused_kernels=v[3]) for r, v in out.items()}
+                       fused_kernels=v[3], eager_forward_bytes=v[4], fused_forward_bytes=v[5])
+            for r, v in out.items()}
