@@ -302,3 +302,21 @@ def test_torchrun_command_parses(keys):
     nodes = -(-recipe.parallelism.gpus // recipe.parallelism.local_gpus)
     assert int(args.nproc_per_node) * nodes == recipe.parallelism.gpus
     assert args.nnodes == str(nodes) and args.training_script == "train.py"
+
+
+def test_torchrun_numa_binding_parses_and_reads_back():
+    """``numa_bound = true`` in the recipe's [host] table puts torchrun's own binding flag in
+    the launch line (torch >= 2.9 parses it); reading the line back says what to set."""
+    pytest.importorskip("torch")
+    from torch.distributed.run import get_args_parser
+
+    from memplan.export.torchrun import read_text
+
+    text = export(Recipe.of(gpus=8), "torchrun", ExportContext(
+        model=SPEC, planned_for="test", numa_bound=True)).text
+    line = next(s for s in text.splitlines() if s.startswith("torchrun "))
+    assert get_args_parser().parse_args(shlex.split(line)[1:]).numa_binding == "node"
+    back = read_text(text, "run.sh")
+    assert any("numa_bound = true" in r for r in back.resolved)
+    assert "--numa-binding" not in back.ignored
+    assert "--numa-binding" not in _text("torchrun", gpus=8)

@@ -87,15 +87,16 @@ def export_command(
         from .model import load_model
 
         get_target(to)  # an unknown --to fails here, naming the targets and close matches
-        job, _setup = api.load_job(recipe, flags, {}, engine_file=from_file, model=model)
+        job, setup = api.load_job(recipe, flags, {}, engine_file=from_file, model=model)
         spec = load_model(model)
         target_engine = get_target(to).engine
         if target_engine is not None:
             job = job.with_keys(engine=target_engine)  # refused with the reason when it cannot
-        result = api.estimate_from_names(spec, job, api.Machine(gpu=gpu, node=node),
+        result = api.estimate_from_names(spec, job, api.Machine(gpu=gpu, node=node), setup,
                                          search_micro_batch=False)
         planned = planned_for_line(model, result)
-        done = export(job, to, ExportContext(model=spec, planned_for=planned))
+        done = export(job, to, ExportContext(model=spec, planned_for=planned,
+                                             numa_bound=setup.numa_bound))
         if out is not None:
             write_atomically(out, done.text)
         err = sys.stderr.write

@@ -25,6 +25,8 @@ class ExportContext:
     """One line naming the estimate the file was planned for (model, GPU, peak)."""
     companion: str = "ds_config.json"
     """The DeepSpeed config file a launcher or accelerate config points at."""
+    numa_bound: bool = False
+    """The recipe's ``[host] numa_bound``: a launcher binds each rank to its GPU's NUMA node."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -2,8 +2,10 @@
 and back.
 
 Flags: ``torch.distributed.run`` (``--nnodes``, ``--nproc-per-node``, ``--node-rank``,
-``--rdzv-backend``, ``--rdzv-endpoint``). The environment carries what the recipe says about the
-process: ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``. Under DeepSpeed the script passes
+``--rdzv-backend``, ``--rdzv-endpoint``, and ``--numa-binding=node`` when the recipe's ``[host]``
+table binds the ranks, ``numa_bound = true``: PyTorch >= 2.9, docs.pytorch.org elastic/numa).
+The environment carries what the recipe says about the process:
+``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``. Under DeepSpeed the script passes
 the ds_config (``memplan export --to deepspeed -o ds_config.json``) to the training script.
 """
 
@@ -21,12 +23,15 @@ if TYPE_CHECKING:
 __all__ = ["torchrun_argv", "export_text", "read_text"]
 
 
-def torchrun_argv(recipe: Recipe, companion: str = "ds_config.json") -> list[str]:
+def torchrun_argv(recipe: Recipe, companion: str = "ds_config.json", *,
+                  numa_bound: bool = False) -> list[str]:
     """``torchrun`` and its arguments (node rank and rendezvous come from the environment)."""
     par = recipe.parallelism
     per_node = min(par.gpus, par.local_gpus)
     nodes = max(1, -(-par.gpus // per_node))
     argv = ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={per_node}"]
+    if numa_bound:
+        argv.append("--numa-binding=node")
     if nodes > 1:
         argv += ["--node-rank=${NODE_RANK}", "--rdzv-backend=c10d",
                  "--rdzv-endpoint=${MASTER_ADDR}:${MASTER_PORT:-29500}"]
@@ -41,7 +46,9 @@ def export_text(recipe: Recipe, ctx: ExportContext) -> str:
     lines.append("# train.py is your training script; its own flags follow it")
     if recipe.platform.expandable_segments:
         lines.append("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
-    argv = torchrun_argv(recipe, ctx.companion)
+    if ctx.numa_bound:
+        lines.append("# --numa-binding=node binds each rank to its GPU's NUMA node (PyTorch >= 2.9)")
+    argv = torchrun_argv(recipe, ctx.companion, numa_bound=ctx.numa_bound)
     # ${...} stays unquoted so the shell expands it
     lines.append(" ".join(a if "${" in a else shlex.quote(a) for a in argv) + ' "$@"')
     return "\n".join(lines) + "\n"
@@ -80,6 +87,10 @@ def read_text(text: str, where: str, hidden_size: int | None = None) -> Imported
     if nodes > 1 and int(per_node) != min(keys["gpus"], 8):  # 0 = memplan's min(gpus, 8)
         keys["gpus_per_node"] = int(per_node)
     known = {"nnodes", "nproc-per-node", "node-rank", "rdzv-backend", "rdzv-endpoint"}
+    if "numa-binding" in flags:   # host placement, not a recipe key: said, not dropped
+        known.add("numa-binding")
+        resolved.append(f"--numa-binding={flags['numa-binding']}: ranks bound to their GPU's "
+                        "NUMA node; give numa_bound = true in the recipe's [host] table")
     ignored += [f"--{k}" for k in flags if k not in known]
     rest = argv[script_at + 1:]
     if "--deepspeed" in rest:
