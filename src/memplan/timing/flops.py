@@ -12,7 +12,8 @@ Forward FLOPs per token (multiply-add = 2 FLOPs):
 Training: backward = 2 x forward where weights train (activation + weight gradients), 1 x for
 frozen matmuls that still pass gradients down (LoRA base; executed 2 x when FSDP1 flat units
 mix frozen and trainable weights, ``frozen_weight_grads``), 0 below the lowest trainable layer
-(``freeze``); the attention core's backward is 2 x its forward. Recomputation adds the forward of
+(``freeze``); the attention core's backward is 2 x its forward (2.5 x under a fused kernel,
+which recomputes the scores: ``attention_backward_factor``). Recomputation adds the forward of
 every layer (``full``) or of the attention core (``selective``, Korthikanti et al. 2022,
 arXiv 2205.05198 §5), or what the per-op policy does not save (``op``; ``recompute.py``).
 
@@ -46,7 +47,8 @@ from ..recipe import Recipe
 from ..recipe.engine import fsdp1_mixes
 from .recompute import attention_recomputed, recompute_matmul_share
 
-__all__ = ["TokenFlops", "token_flops", "layer_matmul_flops", "attention_core_flops"]
+__all__ = ["TokenFlops", "token_flops", "layer_matmul_flops", "attention_backward_factor",
+           "attention_core_flops"]
 
 _NOT_MATMUL = (Component.NORM, Component.EMBEDDING)
 
@@ -92,6 +94,20 @@ def attention_core_flops(layer: Layer, seq_len: int) -> float:
     return per * (2 if layer.kind == "decoder-cross" else 1)
 
 
+def attention_backward_factor(layer: Layer, attention: str) -> float:
+    """Backward FLOPs of the attention core over its forward's. Eager attention keeps the
+    probabilities and runs 2 x its forward (dS -> dQ, dK; dP, dV). A fused kernel (SDPA,
+    FlashAttention) keeps only the log-sum-exp and computes the scores ``QK^T`` again in its
+    backward: 5 matmuls against the forward's 2, "the backward pass of attn is 2.5 x fwd,
+    since we recompute Q @ K.T" (tridao, Dao-AILab/flash-attention#1525; the FlashAttention
+    benchmarks count backward FLOPs as 2.5 x forward, so their efficiencies refer to that
+    count), i.e. 2 + the ``QK^T`` share of the forward, ``d_qk / (d_qk + d_v)``."""
+    a = layer.attention
+    if attention == "eager" or a is None:
+        return 2.0
+    return 2.0 + a.head_dim / (a.head_dim + a.v_head_dim)
+
+
 def _causal_share(layer: Layer) -> float:
     """Share of the s x s scores a causal layer needs: 1/2 (encoders: all of them)."""
     return 1.0 if layer.kind == "encoder" else 0.5
@@ -131,7 +147,8 @@ def token_flops(model: ModelSpec, recipe: Recipe) -> TokenFlops:
         w_grad = 1.0 if (base_trains or recipe.method.kind == "freeze") else 0.0
         model_f += m * (2 + w_grad) + 3 * a_model
         model_nc += m * (2 + w_grad) + 3 * a
-        passes = 3 + (1 if attention_recomputed(recipe, i, n) else 0)
+        passes = (1 + attention_backward_factor(layer, recipe.platform.attention)
+                  + (1 if attention_recomputed(recipe, i, n) else 0))
         executed += m * (2 + max(w_grad, float(wasted))) + passes * a_run
         a_executed += passes * a_run
         executed += m * recompute_matmul_share(recipe, layer, i, n)

@@ -36,7 +36,8 @@ from ..facts.constants import constants
 from ..model.spec import Component, Layer, ModelSpec, Split
 from ..recipe import Recipe
 from ..recipe.parallelism import Parallelism
-from .flops import _causal_share, attention_core_flops, frozen_weight_grads
+from .flops import (_causal_share, attention_backward_factor, attention_core_flops,
+                    frozen_weight_grads)
 from .gemm import gemm_efficiency, power_limited_share
 from .recompute import attention_recomputed, recompute_inputs, recompute_matmul_share
 
@@ -182,7 +183,8 @@ def kernel_seconds(model: ModelSpec, recipe: Recipe, device: Device, *, layers: 
         a = attention_core_flops(layer, recipe.batch.seq_len) * tokens / tp
         if recipe.platform.attention != "eager":
             a *= _causal_share(layer)
-        a_f, a_b = a / (attention_peak * eff_f), 2 * a / (attention_peak * eff_b)
+        back = attention_backward_factor(layer, recipe.platform.attention)
+        a_f, a_b = a / (attention_peak * eff_f), back * a / (attention_peak * eff_b)
         fwd += g + a_f
         if i < first_trainable:
             lin += g
