@@ -3,6 +3,8 @@ inter-socket link bound the offload transfers and the CPU optimizer (``timing/ho
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from memplan.api import Machine, estimate_from_names, load_job
@@ -124,3 +126,28 @@ def test_bad_values_are_reported():
     with pytest.raises(ConfigError, match="memory_channels"):
         parse_nodes([{"name": "n", "gpu": "H100-80GB", "gpus": 8, "source": "s",
                       "memory_channels": 0}], "test")
+
+
+def test_cli_flag_binds_the_ranks(tmp_path, monkeypatch):
+    """``--numa-bound`` is the ``[host] numa_bound`` key as a flag: on a node whose socket link
+    is narrow the unbound step is longer."""
+    from typer.testing import CliRunner
+
+    from memplan.cli import app
+
+    # --hardware registers its node for the process: keep it out of later tests
+    monkeypatch.setattr(nodes_module, "_USER_NODES", dict(nodes_module._USER_NODES))
+
+    hw = tmp_path / "hw.toml"
+    hw.write_text('[[node]]\nname = "one-link"\ngpu = "H100-80GB"\ngpus = 8\ncpu_cores = 112\n'
+                  'cpu_sockets = 2\nmemory_channels = 16\nmemory_mt_per_s = 4400\n'
+                  'socket_link_gb_per_s = 20\npcie_gen = 5\nnvlink_gb_per_s = 900\n'
+                  'source = "test"\n')
+    steps = []
+    for flag in ("--no-numa-bound", "--numa-bound"):
+        res = CliRunner().invoke(app, ["estimate", "meta-llama/Llama-3.1-8B", "--hardware",
+                                       str(hw), "--node", "one-link", "--gpus", "8", "--zero",
+                                       "2", "--offload", "optimizer", flag, "--format", "json"])
+        assert res.exit_code == 0, res.output
+        steps.append(json.loads(res.output)["time"]["step_seconds"])
+    assert steps[0] > steps[1]

@@ -63,6 +63,7 @@ def estimate(
     load: Annotated[str | None, host_option("load")] = None,
     workers: Annotated[int | None, host_option("workers")] = None,
     prefetch: Annotated[int | None, host_option("prefetch")] = None,
+    numa_bound: Annotated[bool | None, host_option("numa_bound")] = None,
     format: Annotated[str, Opt("--format", help="table | json.")] = "table",
     quiet: Annotated[bool, Opt("--quiet", "-q", help="Print only the one-line verdict (GPU, "
                                                     "host RAM, NVMe, tokens/s).")] = False,
@@ -80,8 +81,8 @@ def estimate(
     _check_format(format)
     if quiet and format == "json":
         _fail("--quiet prints one line of text, --format json a document: give one of them.")
-    host_flags = {k: v for k, v in dict(load=load, workers=workers, prefetch=prefetch).items()
-                  if v is not None}
+    host_flags = {k: v for k, v in dict(load=load, workers=workers, prefetch=prefetch,
+                                        numa_bound=numa_bound).items() if v is not None}
 
     def run() -> Any:
         from . import api

@@ -180,6 +180,7 @@ def plan_command(
     load: Annotated[str | None, host_option("load")] = None,
     workers: Annotated[int | None, host_option("workers")] = None,
     prefetch: Annotated[int | None, host_option("prefetch")] = None,
+    numa_bound: Annotated[bool | None, host_option("numa_bound")] = None,
     jobs: Annotated[int, Opt(help=_JOBS_HELP, envvar="MEMPLAN_JOBS")] = 0,
     top: Annotated[int, Opt(help="Plans in the ranked table.")] = 10,
     save_best: Annotated[Path | None, Opt(help="Write the best plan as a recipe TOML for "
@@ -206,7 +207,8 @@ def plan_command(
                                        host_ram=host_ram, nvme=nvme)
         (job, setup), fixed = _base({**flags, "gpus": cluster.gpus,
                                      "gpus_per_node": cluster.gpus_per_node}, recipe,
-                                    dict(load=load, workers=workers, prefetch=prefetch),
+                                    dict(load=load, workers=workers, prefetch=prefetch,
+                                         numa_bound=numa_bound),
                                     engine_file=from_file, model=model)
         fixed -= {"gpus", "gpus_per_node"}
         spec = load_model(model)
@@ -260,6 +262,7 @@ def size_command(
     load: Annotated[str | None, host_option("load")] = None,
     workers: Annotated[int | None, host_option("workers")] = None,
     prefetch: Annotated[int | None, host_option("prefetch")] = None,
+    numa_bound: Annotated[bool | None, host_option("numa_bound")] = None,
     format: Annotated[str, Opt("--format", help="table | json.")] = "table",
     flags: dict[str, Any] | None = None,
 ) -> None:
@@ -298,7 +301,8 @@ def size_command(
             raise ConfigError(problems)
         per_node = flags.pop("gpus_per_node", None) or (preset.gpus if preset else 8)
         (job, setup), fixed = _base(flags, recipe,
-                                    dict(load=load, workers=workers, prefetch=prefetch),
+                                    dict(load=load, workers=workers, prefetch=prefetch,
+                                         numa_bound=numa_bound),
                                     engine_file=from_file, model=model)
         if "gpus" in fixed - set(flags):
             fixed -= {"gpus"}  # an engine file's world size is what size chooses
