@@ -7,9 +7,10 @@ the DRAM of the socket that holds the pages, and crosses the inter-socket link (
 xGMI) when that socket is not the GPU's. The ranks of a node run their offload phases at the same
 time, so a socket's DRAM and the link are shared:
 
-- **DRAM**: the ranks are split evenly over the sockets (the DGX/HGX layouts), so each socket's
-  DRAM serves ``ranks / sockets`` ranks' bytes whether the pages are local or not (what one
-  socket sends across, the other receives), at ``dram_efficiency`` of its theoretical rate
+- **DRAM**: the GPUs are split evenly over the sockets (the DGX/HGX layouts), the busiest
+  socket hosting ``ceil(ranks / sockets)`` of them; its DRAM serves their local pages and its
+  share of the other ranks' far pages (with every socket alike: ``ranks / sockets`` ranks'
+  bytes, whether the pages are local or not), at ``dram_efficiency`` of its theoretical rate
   (channels x MT/s x 8 B);
 - **inter-socket link**: a rank not bound to its GPU's socket has ``(sockets - 1) / sockets``
   of its pinned pages on a far socket (``remote_share``), so each direction of the link carries
