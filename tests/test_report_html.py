@@ -63,6 +63,9 @@ def test_report_is_one_offline_file_with_charts_numbers_and_data(estimate_json):
     # every moment (per layer) is listed
     timeline = estimate_json["gpu"]["per_rank"][0]["timeline"]
     assert html.count('<tr data-moment=') == len(timeline)
+    # with the time of each moment of a timed step (timing/schedule.py)
+    last = timeline[-1]
+    assert f'{last["seconds"]:.3g} s</td><td>{last["label"]}</td>' in html
 
 
 def test_measurement_against_estimate_shows_error_per_category(estimate_json):
