@@ -26,6 +26,7 @@ from typing import Any
 
 from ..model.spec import Component, ModelSpec
 from ..timing.calibration import Calibration
+from ..timing.flops import fused_backward_factor
 
 __all__ = ["calibrate"]
 
@@ -102,9 +103,8 @@ def calibrate(model: ModelSpec, gpu: str, *, device: str = "cuda", dtype: str = 
 
         t_fb = _timed(fwd_bwd, repeats, sync)
         fwd_t = f_fwd / t_f / 1e12
-        # counted as the kernel time counts a fused backward (timing.flops.
-        # attention_backward_factor): the forward's 2 matmuls, again, and QK^T once more
-        bwd_t = (2.0 + d / (d + d)) * f_fwd / max(t_fb - t_f, 1e-9) / 1e12
+        # counted as the kernel time counts a fused backward (QK^T recomputed)
+        bwd_t = fused_backward_factor(d, d) * f_fwd / max(t_fb - t_f, 1e-9) / 1e12
 
     n_el = copy_bytes // 2
     src = torch.empty(n_el, device=dev, dtype=torch.bfloat16)

@@ -12,6 +12,7 @@ from ..recipe import Recipe
 from .calibration import Calibration
 from .fsdp2 import COPY_ENGINES
 from .kernels import attention_efficiency
+from .stage import HOST_OFFLOADS
 
 if TYPE_CHECKING:
     from .step import Clock
@@ -41,8 +42,7 @@ def time_notes(c: Clock, recipe: Recipe, device: Device,
     if cal is not None:
         notes.append(f"calibrated on {cal.torch_device} ({cal.model} shapes, torch "
                      f"{cal.torch_version}): GEMMs {cal.gemm_tflops:g} TFLOP/s")
-    if recipe.offload.kind in ("optimizer", "params+optimizer", "nvme") \
-            and c.rates.host.dram is None:
+    if recipe.offload.kind in HOST_OFFLOADS and c.rates.host.dram is None:
         notes.append("host DRAM bandwidth unknown (a --node preset or --hardware node with "
                      "memory_channels and memory_mt_per_s gives it): offload transfers and the CPU "
                      "optimizer not bounded by it")
@@ -87,10 +87,7 @@ def resource_details(c: Clock, recipe: Recipe, device: Device) -> dict[str, str]
         "pcie": "offload transfers (gradients out and parameter fetches overlapped; "
                 "ZeRO-Offload parameter upload serial)" + _pcie_limit(c, recipe),
         "nvme": "ZeRO-Infinity swaps (optimizer swaps overlap the CPU step)",
-        "cpu": "CPU optimizer step (serial: the GPU waits)" + (
-            "" if not st.cpu else ", set by the socket's DRAM (" + _dram(c, recipe) + ")"
-            if st.cpu_limit == "dram" else ", set by the cores ("
-            f"{constant('cpu_adam_elements_per_s_per_core') / 1e6:g} M elements/s per core)"),
+        "cpu": "CPU optimizer step (serial: the GPU waits)" + _cpu_limit(c, recipe),
         "data": "on-the-fly tokenisation (overlapped via prefetch)",
         "pipeline bubble": "1F1B fill and drain: the other stages' work x 1/(micro-batches x "
                            f"pp_virtual) = 1/{m * v} (even stages: {pp - 1}/{m * v} of the "
@@ -103,6 +100,18 @@ def _dram(c: Clock, recipe: Recipe) -> str:
     return (f"{(host.dram or 0) / 1e9:.0f} GB/s usable per socket, {host.sockets} sockets for "
             f"{recipe.parallelism.local_gpus} ranks, {constant('dram_efficiency'):.0%} of "
             "channels x MT/s x 8 B")
+
+
+def _cpu_limit(c: Clock, recipe: Recipe) -> str:
+    """Which of the cores or the socket's DRAM the CPU optimizer step waits for
+    (``host_memory.HostMemory.optimizer``); nothing without a CPU step."""
+    st = c.times[c.j]
+    if not st.cpu:
+        return ""
+    if st.cpu_limit == "dram":
+        return f", set by the socket's DRAM ({_dram(c, recipe)})"
+    return (", set by the cores ("
+            f"{constant('cpu_adam_elements_per_s_per_core') / 1e6:g} M elements/s per core)")
 
 
 def _pcie_limit(c: Clock, recipe: Recipe) -> str:

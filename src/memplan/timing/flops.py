@@ -48,7 +48,7 @@ from ..recipe.engine import fsdp1_mixes
 from .recompute import attention_recomputed, recompute_matmul_share
 
 __all__ = ["TokenFlops", "token_flops", "layer_matmul_flops", "attention_backward_factor",
-           "attention_core_flops"]
+           "attention_core_flops", "fused_backward_factor"]
 
 _NOT_MATMUL = (Component.NORM, Component.EMBEDDING)
 
@@ -105,7 +105,13 @@ def attention_backward_factor(layer: Layer, attention: str) -> float:
     a = layer.attention
     if attention == "eager" or a is None:
         return 2.0
-    return 2.0 + a.head_dim / (a.head_dim + a.v_head_dim)
+    return fused_backward_factor(a.head_dim, a.v_head_dim)
+
+
+def fused_backward_factor(d_qk: float, d_v: float) -> float:
+    """A fused attention kernel's backward FLOPs over its forward's, for head dims ``d_qk``
+    (scores) and ``d_v`` (values): ``attention_backward_factor``'s count, 2.5 when equal."""
+    return 2.0 + d_qk / (d_qk + d_v)
 
 
 def _causal_share(layer: Layer) -> float:

@@ -193,6 +193,10 @@ class StageTime:
                 + max(self.cpu, self.nvme_optimizer) + self.pcie_serial)
 
 
+HOST_OFFLOADS = ("optimizer", "params+optimizer", "nvme")
+"""Offload kinds whose states live in host memory: PCIe transfers and a CPU optimizer step."""
+
+
 def dp_calls(recipe: Recipe, elems: float, grad_bytes: float, layers: int, dp: int
              ) -> tuple[int, int]:
     """Collective calls per pass of the DP parameter gathers and of the gradient reductions
@@ -361,7 +365,7 @@ def _offload(st: StageTime, recipe: Recipe, hw: NodeHardware, setup: HostSetup, 
     local, m = par.local_gpus, recipe.batch.grad_accum
     h2d, d2h = rates.h2d, rates.d2h
     host = rates.host
-    if recipe.offload.kind in ("optimizer", "params+optimizer", "nvme"):
+    if recipe.offload.kind in HOST_OFFLOADS:
         if d2h is None or h2d is None:
             st.unknown.append("PCIe generation")
         else:

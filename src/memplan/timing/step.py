@@ -36,10 +36,9 @@ serial while the GPU waits.
 shards are slower, so predictions are optimistic there); launches at the low end of the CPU
 cost, with whole-step run-ahead (a lower bound); NCCL/compute contention as one average figure;
 no contention between GPUs sharing a PCIe switch (their sockets' DRAM and link are shared).
-FP8 linears run at
-``min(fp8 peak, 16-bit peak x float8_linear_speedup)`` (torchao's H100 Float8Linear benchmark,
-1.39x at a large shape, casts and scaling included; ``rates.toml``); MFU stays against the FP8
-peak.
+FP8 linears run at ``min(fp8 peak, 16-bit peak x float8_linear_speedup)`` (torchao's H100
+Float8Linear benchmark, 1.39x at a large shape, casts and scaling included; ``rates.toml``);
+MFU stays against the FP8 peak.
 """
 
 from __future__ import annotations
@@ -180,8 +179,9 @@ def _rates(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
                  grad_bytes=dtype_bytes(dt.grad), intra=intra, inter=inter, h2d=h2d, d2h=d2h,
                  host=host_memory(hw, setup.numa_bound), fused=fused_kernels(recipe),
                  fallback_hbm_bytes=kept_by_key(memo, ("hbm_bytes_per_token", par.tp,
-                                                 recipe.batch.seq_len, *recompute_inputs(recipe)),
-                                          lambda: _hbm_bytes_per_token(model, recipe, par.tp))
+                                                       recipe.batch.seq_len,
+                                                       *recompute_inputs(recipe)),
+                                                lambda: _hbm_bytes_per_token(model, recipe, par.tp))
                  * tokens_replica / (par.tp * par.cp))
 
 
@@ -254,7 +254,7 @@ def clock(model: ModelSpec, recipe: Recipe, device: Device, hw: NodeHardware,
     tokens_replica = recipe.batch.micro_batch * recipe.batch.seq_len * m
     split = tp * pp * cp
     fl = kept_by_key(memo, ("token_flops", recipe.batch.seq_len, *method_inputs(recipe),
-                      *recompute_inputs(recipe)), lambda: token_flops(model, recipe))
+                            *recompute_inputs(recipe)), lambda: token_flops(model, recipe))
     if stages is None:
         stages = [StageLoad(layers=r, trainable=trainable / (tp * pp))
                   for r in stages_of(model.num_layers, recipe)]
