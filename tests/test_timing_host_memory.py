@@ -14,6 +14,7 @@ from memplan.hardware.node_hardware import NodeHardware, dram_gb_per_s
 from memplan.hardware import nodes as nodes_module
 from memplan.hardware.nodes import get_node, parse_nodes
 from memplan.host import HostSetup
+from memplan.timing.cpu_adam import cpu_adam_impl, cpu_adam_rate
 from memplan.timing.host_memory import HostMemory, host_memory, remote_share
 
 
@@ -151,3 +152,40 @@ def test_cli_flag_binds_the_ranks(tmp_path, monkeypatch):
         assert res.exit_code == 0, res.output
         steps.append(json.loads(res.output)["time"]["step_seconds"])
     assert steps[0] > steps[1]
+
+
+def _cpu(engine: str, node: str = "p4de.24xlarge", **keys):
+    recipe, setup = load_job(None, {"gpus": 8, "zero": 3, "offload": "params+optimizer",
+                                    "engine": engine, **keys}, {})
+    t = estimate_from_names("meta-llama/Llama-3.1-8B", recipe, Machine(node=node), setup).time
+    return {r.name: r for r in t.resources}["cpu"]
+
+
+@pytest.mark.parametrize(("engine", "keys", "impl"), [
+    ("deepspeed", {}, "deepspeed"), ("fsdp2", {}, "for-loop"), ("fsdp1", {}, "for-loop"),
+    ("torchtitan", {}, "fused"), ("fsdp2", {"optimizer_impl": "fused"}, "fused"),
+    ("torchtitan", {"optimizer_impl": "foreach"}, "foreach")])
+def test_each_engine_steps_its_own_cpu_adam(engine, keys, impl):
+    recipe, _ = load_job(None, {"gpus": 8, "zero": 3, "offload": "params+optimizer",
+                                "engine": engine, **keys}, {})
+    assert cpu_adam_impl(recipe) == impl
+
+
+def test_vectorised_cpu_adam_steps_five_times_faster_where_the_cores_bind():
+    """p4de: 48 cores, DRAM unknown, so the cores set the CPU step. DeepSpeed's CPU Adam and
+    torchtitan's fused AdamW take 1/5 of the for-loop's time (rates.toml
+    cpu_adam_vectorised_speedup: DeepSpeed's '5X--7X', pytorch#123074's 5.1x)."""
+    loop, ds, tt = _cpu("fsdp2"), _cpu("deepspeed"), _cpu("torchtitan")
+    assert cpu_adam_rate("deepspeed") == 5 * cpu_adam_rate("for-loop") == cpu_adam_rate("fused")
+    assert ds.seconds == pytest.approx(loop.seconds / 5, rel=1e-9)
+    assert tt.seconds == pytest.approx(ds.seconds, rel=1e-9)
+    assert "740 M elements/s per core: DeepSpeed's CPU Adam" in ds.detail
+    assert "148 M elements/s per core: torch's for-loop AdamW" in loop.detail
+
+
+def test_on_a_dgx_h100_the_dram_binds_either_implementation():
+    """DGX H100: the sockets' DRAM (186 GB/s for 4 ranks) binds before 14 cores do, at the
+    for-loop's rate already, so DeepSpeed's CPU Adam is no faster there."""
+    loop, ds = _cpu("fsdp2", "DGX-H100"), _cpu("deepspeed", "DGX-H100")
+    assert "set by the socket's DRAM" in ds.detail and "set by the socket's DRAM" in loop.detail
+    assert ds.seconds == pytest.approx(loop.seconds, rel=1e-9)

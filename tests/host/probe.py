@@ -75,7 +75,8 @@ def main() -> None:
                 dcp.save(state, checkpoint_id=d)
     elif mode == "adamw-step":         # transient bytes of a CPU AdamW step (states exist)
         m = _model(args["layers"], args["width"])
-        opt = torch.optim.AdamW(m.parameters())
+        impl = args.get("impl", "for-loop")
+        opt = torch.optim.AdamW(m.parameters(), foreach=impl == "foreach", fused=impl == "fused")
         m(torch.randn(2, args["width"])).sum().backward()
         opt.step()
         base = me.memory_info().rss

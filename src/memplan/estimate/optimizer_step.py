@@ -10,9 +10,10 @@ allocates ``exp_avg_sq.sqrt()`` and ``/ bias_correction2_sqrt`` (two tensors of 
 size) before ``addcdiv_``. DeepSpeed ZeRO steps with its fused Adam kernels (no temporaries;
 ``deepspeed/runtime/zero/stage3.py`` / ``stage_1_and_2.py`` build ``FusedAdam``), and so does
 Megatron-Core (``megatron/core/optimizer/__init__.py`` ``_get_megatron_optimizer_based_on_param_groups``
-uses TE/Apex ``FusedAdam``). FSDP1/FSDP2/torchtitan step a plain ``torch.optim.AdamW`` over
-the local shards (FSDP2: DTensor shards, which the foreach path accepts), so the foreach copy
-exists on the shard: 1/N of it per rank.
+uses TE/Apex ``FusedAdam``). FSDP1/FSDP2 step a plain ``torch.optim.AdamW`` over the local
+shards (FSDP2: DTensor shards, which the foreach path accepts), so the foreach copy exists on
+the shard: 1/N of it per rank. torchtitan builds its AdamW with ``fused=True`` unless told
+otherwise (``Recipe.optimizer_impl``), which has no temporaries.
 SGD updates in place; Lion (lion-pytorch) builds ``update`` from ``exp_avg.clone()`` and one
 more temporary per parameter; Adafactor's factored update allocates about three
 parameter-sized temporaries per tensor (``transformers.optimization.Adafactor``); the
@@ -55,10 +56,7 @@ def optimizer_step_items(stage: Stage, recipe: Recipe, dt: Dtypes) -> list[Item]
     out = []
     shard = recipe.parallelism.shard_degree if recipe.parallelism.zero >= 1 else 1
     fused_engine = str(recipe.engine_kind) in ("deepspeed", "megatron")
-    impl = str(recipe.optimizer.impl)
-    if impl == "auto":  # torch's default for the device (_default_to_fused_or_foreach)
-        impl = "foreach" if recipe.platform.device == "cuda" and facts.foreach_copy \
-            else "for-loop"
+    impl = recipe.optimizer_impl  # auto: torchtitan's fused, else torch's default for the device
     if (recipe.parallelism.zero >= 1 or recipe.deepspeed_16bit) and facts.fused_under_zero \
             and fused_engine:
         pass  # DeepSpeed FusedAdam / cpu_adam (ZeRO-0: under FP16_Optimizer), Megatron TE

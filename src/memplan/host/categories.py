@@ -66,13 +66,24 @@ def offload_buffers(per_rank_bytes: int, buffer_bytes: int) -> list[int]:
     return [buffer_bytes] * full + ([rest] if rest else [])
 
 
-def cpu_optimizer_temp_bytes(largest_param_elements: int) -> int:
-    """Transient host bytes of a CPU optimizer step per rank: torch's single-tensor AdamW (the
-    CPU default) computes ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)``:
-    two fp32 temporaries the size of the largest parameter alive at once
-    (``torch/optim/adam.py::_single_tensor_adam``). DeepSpeed CPU-Adam updates in place, so
-    this is the upper of the two."""
-    return 2 * 4 * largest_param_elements
+def cpu_optimizer_temp_bytes(impl: str, largest_param_elements: int, rank_elements: int) -> int:
+    """Transient host bytes of one rank's CPU optimizer step, by the Adam that steps it
+    (``recipe.engine.host_adam``):
+
+    - ``for-loop`` (torch's CPU default, ``torch/optim/adam.py::_single_tensor_adam``):
+      ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)``, two fp32 temporaries
+      the size of the largest parameter (shard) alive at once;
+    - ``foreach`` (``_multi_tensor_adam``): ``exp_avg_sq_sqrt = torch._foreach_sqrt(
+      exp_avg_sqs)``, an fp32 copy of every state tensor of the rank (``rank_elements``); two
+      before torch 2.1 (``foreach-torch2.0``, pytorch/pytorch#97712);
+    - ``fused`` (``torch._fused_adamw_``) and ``deepspeed`` (``DeepSpeedCPUAdam.step`` calls
+      ``ds_opt_adam.adam_update`` on ``p.data``, ``p.grad.data``, ``exp_avg``, ``exp_avg_sq``;
+      deepspeed/ops/adam/cpu_adam.py @edaa722): in place, none."""
+    if impl == "for-loop":
+        return 2 * 4 * largest_param_elements
+    if impl.startswith("foreach"):
+        return (2 if impl == "foreach-torch2.0" else 1) * 4 * rank_elements
+    return 0
 
 
 def dataloader_bytes(setup: HostSetup, micro_batch: int, seq_len: int) -> dict[str, int]:

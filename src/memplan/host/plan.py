@@ -21,6 +21,7 @@ from ..facts.constants import constant
 from ..hardware.node_hardware import NodeHardware
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
+from ..recipe.engine import host_adam
 from ..recipe.host import HostSetup
 from ..results import HostEstimate, HostLine, NvmeEstimate
 from ..units import dtype_bytes
@@ -138,10 +139,11 @@ def host_of(gpu: GpuSide, model: ModelSpec, recipe: Recipe, hw: NodeHardware,
             notes.append("offloaded states are pinned: they count against `ulimit -l` and cannot "
                          "be swapped (DeepSpeed offload_config.py)")
         if recipe.offload.kind in ("optimizer", "params+optimizer"):
+            impl = host_adam(recipe.engine_kind, recipe.optimizer_impl)
             temp_elems = math.ceil(largest / (shard if recipe.parallelism.zero == 3 else 1))
-            add("CPU optimizer temporaries", local * c.cpu_optimizer_temp_bytes(temp_elems),
-                ("steady step",), "2 fp32 temporaries of the largest parameter shard per rank "
-                "(torch _single_tensor_adam denom; DeepSpeed CPU-Adam works in place)")
+            add("CPU optimizer temporaries", local * c.cpu_optimizer_temp_bytes(
+                impl, temp_elems, math.ceil(trainable / (model_par * shard))),
+                ("steady step",), _CPU_STEP_FORMULA.get(impl.removesuffix("-torch2.0"), ""))
     if recipe.offload.kind == "nvme":
         sub = min(int(constant("ds_sub_group_elements")),
                   math.ceil(trainable / (model_par * shard)))
@@ -197,6 +199,14 @@ _LOAD_FORMULA = {
     "sharded": "each rank reads its shard (tp x pp x ZeRO-3 shards) of a distributed checkpoint",
     "meta": "meta-device init, one layer at a time streamed to the GPU (zero.Init, torchtitan)",
 }
+_CPU_STEP_FORMULA = {
+    "for-loop": "2 fp32 temporaries of the largest parameter shard per rank (torch's CPU "
+                "default, _single_tensor_adam denom)",
+    "foreach": "an fp32 copy of every state tensor of the rank (torch _multi_tensor_adam "
+               "_foreach_sqrt; two before torch 2.1)",
+}
+"""What the host's Adam step allocates; DeepSpeed's CPU Adam and torch's fused AdamW none
+(``categories.cpu_optimizer_temp_bytes``), so they have no line."""
 _SAVE_FORMULA = {
     "full-rank0": "full training state gathered on rank 0's host (FSDP FullStateDictConfig "
                   "offload_to_cpu + rank0_only)",

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import ConfigError
+from ..recipe import Recipe
+
 __all__ = ["describe_loop", "loop_hints"]
 
 
@@ -25,12 +28,12 @@ def describe_loop(loop: dict[str, Any]) -> str:
 
 
 def _impl(recipe: dict[str, Any]) -> str:
-    """The recipe's optimizer_impl, ``auto`` resolved as the estimator does (torch's default:
-    foreach on CUDA, the for-loop elsewhere)."""
-    impl = str(recipe.get("optimizer_impl", "auto"))
-    if impl != "auto":
-        return impl
-    return "foreach" if recipe.get("device") == "cuda" else "for-loop"
+    """The recipe's optimizer_impl, ``auto`` resolved as the estimator does
+    (``Recipe.optimizer_impl``); a dict that is no longer a valid recipe gives its value as is."""
+    try:
+        return Recipe.from_dict(recipe).optimizer_impl
+    except ConfigError:
+        return str(recipe.get("optimizer_impl", "auto"))
 
 
 def loop_hints(loop: dict[str, Any], recipe: dict[str, Any]) -> list[str]:

@@ -250,6 +250,23 @@ class Recipe:
         return resolve_engine(self.engine, self.parallelism)[0]
 
     @property
+    def optimizer_impl(self) -> str:
+        """``optimizer.impl`` with ``auto`` resolved for where the step runs (the host when the
+        optimizer is offloaded): torchtitan's own default, ``fused`` (``optimizer.implementation
+        = "fused"``, torchtitan/components/optimizer/optimizer.py @b5bcd76; torch's fused AdamW
+        runs on CPU tensors since 2.4, pytorch/pytorch#123074); else torch's
+        ``_default_to_fused_or_foreach``: ``foreach`` on CUDA tensors, the ``for-loop`` on CPU
+        tensors. DeepSpeed's and Megatron's own Adam steps are not torch.optim's: callers
+        test the engine first."""
+        impl = str(self.optimizer.impl)
+        if impl != "auto":
+            return impl
+        if str(self.engine_kind) == "torchtitan":
+            return "fused"
+        on_host = self.offload.kind != "none" or self.platform.device == "cpu"
+        return "for-loop" if on_host else "foreach"
+
+    @property
     def engine_assumed(self) -> bool:
         """True when ``engine = auto`` and ``engine_kind`` was inferred from zero."""
         return resolve_engine(self.engine, self.parallelism)[1]

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from .parts import Offload, Parallelism
 
 __all__ = ["EngineKind", "Engine", "Fsdp1Prefetch", "Fsdp1Wrap", "resolve_engine",
-           "engine_problems"]
+           "engine_problems", "host_adam"]
 
 
 class EngineKind(StrEnum):
@@ -161,6 +161,17 @@ _OFFLOAD_OK: dict[EngineKind, tuple[str, ...]] = {
     EngineKind.MEGATRON: ("none", "optimizer"),  # optimizer_cpu_offload
     EngineKind.TORCHTITAN: ("none", "params+optimizer"),  # training.enable_cpu_offload
 }
+
+
+def host_adam(engine: EngineKind | str, optimizer_impl: str) -> str:
+    """The Adam that steps an offloaded optimizer on the host: ``deepspeed`` (DeepSpeedCPUAdam,
+    its SIMD and OpenMP kernel: ``runtime/engine.py`` ``_configure_basic_optimizer`` builds it
+    for a config optimizer of type Adam/AdamW once offload is on, and a client torch optimizer
+    under offload is refused unless ``zero_force_ds_cpu_optimizer = false``,
+    deepspeedai/DeepSpeed@edaa722), else torch.optim's path, ``optimizer_impl``
+    (``Recipe.optimizer_impl``: torchtitan's ``fused``; FSDP1/FSDP2 and Megatron's
+    ``HybridDeviceOptimizer``, a ``torch.optim.AdamW``, torch's CPU default ``for-loop``)."""
+    return "deepspeed" if str(engine) == "deepspeed" else optimizer_impl
 
 
 _MIXED_UNDER_PEFT = ("ia3", "vera", "bitfit")

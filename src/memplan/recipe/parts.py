@@ -187,8 +187,9 @@ class Optimizer:
     """Optimizer; ``*-8bit`` and ``paged-*`` are the bitsandbytes optimizers."""
     impl: OptimizerImpl = field(default=OptimizerImpl.AUTO, metadata=_key("optimizer_impl"))
     """How a torch optimizer steps (``foreach=`` / ``fused=`` of torch.optim): ``auto``
-    (torch's default for the device: foreach on CUDA, the for-loop on CPU; DeepSpeed and
-    Megatron step their own fused Adam), ``foreach`` (one state-sized temporary of every
+    (torch's default for the device: foreach on CUDA, the for-loop on CPU, an offloaded
+    optimizer's host included; torchtitan's default: fused; DeepSpeed and Megatron step their
+    own fused Adam), ``foreach`` (one state-sized temporary of every
     tensor at once), ``foreach-torch2.0`` (torch < 2.1's foreach Adam/AdamW: two at once,
     ``exp_avg_sq_sqrt`` and ``denom = torch._foreach_add(exp_avg_sq_sqrt, eps)``; pytorch#97712,
     removed by #104780 / #104898 in 2.1), ``for-loop`` (temporaries of one tensor at a time),

@@ -10,6 +10,7 @@ from ..facts.constants import constant
 from ..hardware import Device
 from ..recipe import Recipe
 from .calibration import Calibration
+from .cpu_adam import CPU_ADAM_NAMES, cpu_adam_impl, cpu_adam_rate
 from .fsdp2 import COPY_ENGINES
 from .kernels import attention_efficiency
 from .stage import HOST_OFFLOADS
@@ -110,8 +111,9 @@ def _cpu_limit(c: Clock, recipe: Recipe) -> str:
         return ""
     if st.cpu_limit == "dram":
         return f", set by the socket's DRAM ({_dram(c, recipe)})"
-    return (", set by the cores ("
-            f"{constant('cpu_adam_elements_per_s_per_core') / 1e6:g} M elements/s per core)")
+    impl = cpu_adam_impl(recipe)
+    return (f", set by the cores ({cpu_adam_rate(impl) / 1e6:g} M elements/s per core: "
+            f"{CPU_ADAM_NAMES[impl]})")
 
 
 def _pcie_limit(c: Clock, recipe: Recipe) -> str:

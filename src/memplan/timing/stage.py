@@ -47,6 +47,7 @@ from ..recipe import Recipe
 from ..recipe.host import HostSetup
 from ..recipe.memo import kept_by_key
 from .comms import Link, allreduce_s, alltoall_s, gather_s, group_link
+from .cpu_adam import cpu_adam_impl, cpu_adam_rate
 from .fsdp2 import COPY_ENGINES, fsdp2_copy_bytes
 from .host_memory import HostMemory
 from .kernels import KernelTime, kernel_inputs, kernel_seconds
@@ -390,7 +391,7 @@ def _offload(st: StageTime, recipe: Recipe, hw: NodeHardware, setup: HostSetup, 
             else:
                 st.unknown.append("NVMe bandwidth")
         if hw.cpu_cores:
-            cores_s = part / (hw.cpu_cores / local * constant("cpu_adam_elements_per_s_per_core"))
+            cores_s = part / (hw.cpu_cores / local * cpu_adam_rate(cpu_adam_impl(recipe)))
             st.cpu, st.cpu_limit = host.optimizer(part, cores_s, local)
         else:
             st.unknown.append("CPU cores")
