@@ -77,7 +77,7 @@ def test_published_best_is_in_plans_top_3_by_speed(group: str) -> None:
 _NO_FIT = (
     "memplan's GPU estimate does not fit TP003 (13B, no checkpointing, micro-batch 2), so "
     "`plan` (which ranks fitting candidates only) would reject it: it predicts 72.6 GiB of "
-    "saved activations, 82.9 GiB reserved on an 79.3 GiB A100. Cause not found. Ruled out "
+    "saved activations, 82.5 GiB reserved on an 79.3 GiB A100. Cause not found. Ruled out "
     "(session 16): autocast's fp32 graph, suspected before: with engine fsdp2 the estimate "
     "already draws bf16 activations (parameters gathered in bf16, activations._context). The "
     "72.6 GiB are 46.4 bytes x hidden per token and layer, close to a count by hand of HF's "
