@@ -43,3 +43,19 @@ def test_estimate_table_shows_what_from_read_resolved_and_ignored(tmp_path):
     assert f"read from {path} as deepspeed" in r.stdout
     assert f"auto: reduce_bucket_size=auto = hidden_size^2 = {2048 ** 2:,}" in r.stdout
     assert "not modelled by memplan (ignored): gradient_clipping" in r.stdout
+
+
+@pytest.mark.parametrize(("target", "engine", "impl", "written"), [
+    ("hf-trainer", "fsdp2", "fused", '"optim": "adamw_torch_fused"'),
+    ("hf-trainer", "fsdp2", "auto", '"optim": "adamw_torch"'),
+    ("torchtitan", "torchtitan", "foreach", 'implementation = "foreach"'),
+    ("torchtitan", "torchtitan", "fused", 'implementation = "fused"')])
+def test_optimizer_impl_is_written_and_read_back(target, engine, impl, written):
+    """HF Trainer's ``adamw_torch_fused`` and torchtitan's ``optimizer.implementation`` carry
+    the torch.optim path; torchtitan's auto (its own default, fused) is left unwritten."""
+    recipe = Recipe.of(gpus=8, zero=3, engine=engine, optimizer_impl=impl)
+    out = export(recipe, target)
+    assert written in out.text
+    assert "optimizer_impl" not in out.not_carried
+    back = read_engine_text(out.text, target, "test")
+    assert back.keys.get("optimizer_impl", "auto") == impl

@@ -233,3 +233,35 @@ def test_progress_bar_on_a_terminal_only():
     assert "planning" not in out and "Qwen/Qwen2.5-0.5B" in out
     out, err = _plan_with_stderr(False)
     assert "planning" not in err and "Qwen/Qwen2.5-0.5B" in out
+
+
+def test_torch_optim_candidates_step_fused_adamw_unless_held() -> None:
+    """Unfixed, plan's DDP/FSDP/torchtitan candidates step AdamW with fused=True (no foreach
+    copy: never more memory, never slower) and say so; DeepSpeed/Megatron keep their own Adam;
+    a given --optimizer-impl is held."""
+    spec = load_model("Qwen/Qwen2.5-0.5B")
+    cluster = Cluster(gpu="H100-80GB", gpus=8, gpus_per_node=8)
+    space = make_space(spec, Recipe.of(seq_len=1024), cluster, frozenset({"seq_len"}), None)
+    impls: dict[str, set[str]] = {}
+    for r in space.recipes(spec):
+        impls.setdefault(str(r.engine.kind), set()).add(str(r.optimizer.impl))
+    assert {e: impls[e] for e in ("ddp", "fsdp2", "torchtitan")} == {
+        "ddp": {"fused"}, "fsdp2": {"fused"}, "torchtitan": {"fused"}}
+    assert impls["deepspeed"] == impls["megatron"] == {"auto"}
+    assert any("fused AdamW" in n for n in space.notes)
+    held = make_space(spec, Recipe.of(seq_len=1024, optimizer_impl="foreach", engine="fsdp2",
+                                      zero=3), cluster,
+                      frozenset({"seq_len", "optimizer_impl", "engine", "zero"}), None)
+    assert {str(r.optimizer.impl) for r in held.recipes(spec)} == {"foreach"}
+    assert not any("fused AdamW" in n for n in held.notes)
+    ds = make_space(spec, Recipe.of(seq_len=1024, engine="deepspeed", zero=2), cluster,
+                    frozenset({"seq_len", "engine", "zero"}), None)
+    assert not any("fused AdamW" in n for n in ds.notes)
+    # the fused step is what estimate prints for that recipe: no foreach copy
+    r = Recipe.of(seq_len=1024, gpus=8, zero=3, engine="fsdp2")
+    fused = estimate_from_names("Qwen/Qwen2.5-0.5B", r.with_keys(optimizer_impl="fused"),
+                                Machine(gpu="H100-80GB"))
+    auto = estimate_from_names("Qwen/Qwen2.5-0.5B", r, Machine(gpu="H100-80GB"))
+    names = {i.name for rank in auto.ranks for m in rank.moments for i in m.items}
+    fused_names = {i.name for rank in fused.ranks for m in rank.moments for i in m.items}
+    assert "foreach Adam sqrt(exp_avg_sq) copy" in names - fused_names

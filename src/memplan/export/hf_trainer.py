@@ -28,6 +28,16 @@ _OPTIM = {"adamw": "adamw_torch", "adam": "adamw_torch", "sgd": "sgd", "sgd-mome
 _FSDP1 = {0: "no_shard", 2: "shard_grad_op", 3: "full_shard"}
 
 
+def _optim(recipe: Recipe) -> str:
+    """``optim``: ``adamw_torch_fused`` (``AdamW(fused=True)``, trainer_optimizer.py
+    ``_get_adamw_torch``) for a fused Adam/AdamW, ``adamw_torch`` (torch's own default path) for
+    ``auto``; the foreach and for-loop paths have no name, so reading back gives ``auto``."""
+    kind = str(recipe.optimizer.kind)
+    if kind in ("adamw", "adam") and recipe.optimizer.impl == "fused":
+        return "adamw_torch_fused"
+    return _OPTIM[kind]
+
+
 def training_arguments(recipe: Recipe) -> dict[str, Any]:
     kind, engine = str(recipe.precision.kind), str(recipe.engine_kind)
     args: dict[str, Any] = {
@@ -35,7 +45,7 @@ def training_arguments(recipe: Recipe) -> dict[str, Any]:
         "per_device_train_batch_size": recipe.batch.micro_batch,
         "gradient_accumulation_steps": recipe.batch.grad_accum,
         "bf16": kind in ("bf16-mixed", "bf16-true"), "fp16": kind in ("16-mixed", "16-true"),
-        "optim": _OPTIM[str(recipe.optimizer.kind)]}
+        "optim": _optim(recipe)}
     if recipe.optimizer.kind == "sgd-momentum":
         args["optim_args"] = "momentum=0.9"
     if recipe.platform.device == "cpu":
@@ -92,7 +102,9 @@ def read_text(text: str, where: str, hidden_size: int | None = None) -> Imported
     keys["optimizer"] = by_name.get(optim, "adamw")
     if optim == "sgd" and "momentum" in str(args.get("optim_args", "")):
         keys["optimizer"] = "sgd-momentum"
-    if optim not in by_name:
+    if optim in ("adamw_torch_fused", "adamw_torch"):  # held by plan --from as given
+        keys["optimizer_impl"] = "fused" if optim == "adamw_torch_fused" else "auto"
+    elif optim not in by_name:
         resolved.append(f"optim={optim} is not one memplan models: adamw assumed")
     if args.get("use_cpu"):
         keys["device"] = "cpu"

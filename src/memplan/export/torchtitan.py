@@ -66,6 +66,8 @@ def job_config(recipe: Recipe) -> dict[str, dict[str, Any]]:
                                       "activation_checkpoint": ac}
     if recipe.optimizer.kind in ("adamw", "adam"):
         cfg["optimizer"] = {"name": "AdamW" if recipe.optimizer.kind == "adamw" else "Adam"}
+        if recipe.optimizer.impl in _IMPLEMENTATIONS:  # auto: torchtitan's default, fused
+            cfg["optimizer"]["implementation"] = str(recipe.optimizer.impl)
     if kind == "fp8-mixed":
         cfg["model"] = {"converters": ["float8"]}
     if recipe.platform.compile:  # apply_compile: each TransformerBlock, and the loss
@@ -81,6 +83,10 @@ def export_text(recipe: Recipe, ctx: ExportContext) -> str:
         out += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
     return "\n".join(out) + "\n"
 
+
+_IMPLEMENTATIONS = ("fused", "foreach", "for-loop")
+"""``optimizer.implementation`` values memplan models (``fused_opt_states_bf16`` keeps bf16
+Adam states: not modelled, listed as ignored)."""
 
 _MODELLED = {"training.local_batch_size", "training.global_batch_size", "training.seq_len",
              "training.dtype", "training.mixed_precision_param", "training.enable_cpu_offload",
@@ -154,5 +160,9 @@ def read_text(text: str, where: str, hidden_size: int | None = None) -> Imported
         keys["compile"] = True  # apply_compile: per TransformerBlock, compile_scope=blocks
     name = str(cfg.get("optimizer", {}).get("name", "AdamW"))
     keys["optimizer"] = "adam" if name == "Adam" else "adamw"
-    ignored = tuple(k for k in leaves(cfg) if k not in _MODELLED)
+    impl = cfg.get("optimizer", {}).get("implementation")
+    if impl in _IMPLEMENTATIONS:
+        keys["optimizer_impl"] = impl
+    ignored = tuple(k for k in leaves(cfg) if k not in _MODELLED
+                    and (k != "optimizer.implementation" or impl not in _IMPLEMENTATIONS))
     return Imported(target="torchtitan", keys=keys, ignored=ignored, resolved=tuple(resolved))

@@ -23,7 +23,7 @@ from ..recipe import Recipe
 from .evaluate import Cluster, Evaluated, Evaluator
 from .parallel import can_fork, evaluate_all
 from .rank import Rejected, pareto, ranked, rejected_families
-from .space import SEARCHED, Space
+from .space import FUSED_NOTE, SEARCHED, Space
 
 __all__ = ["plan", "PlanResult", "Cluster", "Evaluated", "Evaluator", "Space", "SEARCHED",
            "Rejected", "make_space"]
@@ -90,9 +90,10 @@ def make_space(spec: ModelSpec, base: Recipe, cluster: Cluster, fixed: frozenset
                      "GPU); set --global-batch to hold yours")
     if global_batch is not None and global_batch < 1:
         raise ConfigError([f"--global-batch {global_batch}: must be at least 1 sequence."])
-    return Space(base=base, fixed=fixed, gpus=cluster.gpus,
-                 gpus_per_node=cluster.gpus_per_node, global_batch=global_batch,
-                 only=only, notes=tuple(notes))
+    space = Space(base=base, fixed=fixed, gpus=cluster.gpus,
+                  gpus_per_node=cluster.gpus_per_node, global_batch=global_batch,
+                  only=only, notes=tuple(notes))
+    return replace(space, notes=(*notes, FUSED_NOTE)) if space.fused else space
 
 
 def plan(spec: ModelSpec, base: Recipe, cluster: Cluster, *, fixed: frozenset[str] = frozenset(),

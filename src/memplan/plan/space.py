@@ -6,6 +6,11 @@ What varies (unless fixed): ZeRO stage / FSDP sharding (hybrid across nodes for 
 divide the model and the cluster; micro-batch x gradient accumulation making up the global
 batch; checkpointing; attention kernel; loss variant; CPU/NVMe offload; and the engine that
 runs the combination (``engine_for``), so every candidate can be exported as it is.
+
+Not searched but chosen: an engine that steps ``torch.optim`` (DDP, FSDP1/2, torchtitan) steps
+Adam/AdamW with ``fused=True`` unless ``optimizer_impl`` is given (``FUSED_NOTE``): it has no
+state-sized temporaries on the GPU or the host and its CPU step runs at the vectorised rate,
+so the foreach and for-loop paths are never better on any number plan prints.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from ..model.spec import ModelSpec
 from ..recipe import Recipe
 from ..recipe.engine import EngineKind
 from ..recipe.parts import (Attention, Checkpointing, CheckpointingKind, Loss, LossKind,
-                            Offload, OffloadKind)
+                            Offload, OffloadKind, OptimizerImpl)
 
 __all__ = ["Space", "SEARCHED", "LAYOUT_KEYS", "layout_of", "engines_for", "divisors"]
 
@@ -40,6 +45,16 @@ SEARCHED = ("zero", "hybrid_shard", "offload", "engine", "tp", "sequence_paralle
             "pp_virtual", "cp", "ep", "micro_batch", "grad_accum", "checkpointing",
             "attention", "loss")
 """Recipe keys ``plan`` chooses; any of them given by the user is held at the given value."""
+
+
+TORCH_OPTIM_ENGINES = ("ddp", "fsdp1", "fsdp2", "torchtitan")
+"""Engines whose optimizer is the user's ``torch.optim`` one (DeepSpeed and Megatron step their
+own fused Adam)."""
+
+FUSED_NOTE = ("candidates that step torch.optim (ddp, fsdp1, fsdp2, torchtitan) use its fused "
+              "AdamW (\"fused > foreach > for-loop\" in speed, torch.optim's docs; no state-sized "
+              "temporaries); give --optimizer-impl to hold another")
+"""Said when ``Space.fused`` chose the fused step for some candidates."""
 
 
 def divisors(n: int) -> list[int]:
@@ -167,6 +182,15 @@ class Space:
                     for eng in self._choices("engine", list(engines)):
                         yield zero, hybrid, off, eng
 
+    @property
+    def fused(self) -> bool:
+        """Whether candidates on torch.optim engines step fused Adam/AdamW (the user gave no
+        ``optimizer_impl``, and the optimizer has a fused path)."""
+        return ("optimizer_impl" not in self.fixed and self.base.optimizer.impl == "auto"
+                and str(self.base.optimizer.kind) in ("adam", "adamw")
+                and ("engine" not in self.fixed
+                     or str(self.base.engine.kind) in TORCH_OPTIM_ENGINES))
+
     def checkpointings(self) -> list[Checkpointing]:
         """The checkpointing policies tried: every kind (Megatron ``selective``, torchtitan
         ``op``, ``full``) and torchtitan's default layer policy (``full`` on every second
@@ -190,6 +214,7 @@ class Space:
                            for at in attns])
         loss_parts = _made([lambda loss=loss: Loss(kind=LossKind(loss)) for loss in losses])
         shared: dict[object, object] = {}
+        fused = replace(base.optimizer, impl=OptimizerImpl.FUSED) if self.fused else None
         for tp, cp, pp, v, ep, sp in self.degrees(model):
             dp = self.gpus // (tp * cp * pp)
             model_parallel = tp > 1 or cp > 1 or pp > 1 or ep > 1
@@ -208,6 +233,8 @@ class Space:
                                                                 kind=EngineKind(eng))))
                 except ConfigError:
                     continue
+                if fused is not None and eng in TORCH_OPTIM_ENGINES:
+                    r0 = replace(r0, optimizer=fused)
                 for batch in batches:
                     for ck in ckpts:
                         for platform in platforms:

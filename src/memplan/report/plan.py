@@ -39,6 +39,8 @@ def recipe_summary(e: Evaluated) -> str:
     parts.append(f"ckpt={d['checkpointing']}{every}{first}")
     parts.append(str(d["attention"]))
     parts.append(f"loss={d['loss']}")
+    if d["optimizer_impl"] != "auto":
+        parts.append(f"{d['optimizer']}={d['optimizer_impl']}")
     return " ".join(parts)
 
 
