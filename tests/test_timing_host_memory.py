@@ -163,12 +163,15 @@ def _cpu(engine: str, node: str = "p4de.24xlarge", **keys):
 
 @pytest.mark.parametrize(("engine", "keys", "impl"), [
     ("deepspeed", {}, "deepspeed"), ("fsdp2", {}, "for-loop"), ("fsdp1", {}, "for-loop"),
+    ("megatron", {"zero": 1, "offload": "optimizer"}, "fused"),
     ("torchtitan", {}, "fused"), ("fsdp2", {"optimizer_impl": "fused"}, "fused"),
     ("torchtitan", {"optimizer_impl": "foreach"}, "foreach")])
 def test_each_engine_steps_its_own_cpu_adam(engine, keys, impl):
     recipe, _ = load_job(None, {"gpus": 8, "zero": 3, "offload": "params+optimizer",
                                 "engine": engine, **keys}, {})
     assert cpu_adam_impl(recipe) == impl
+    assert cpu_adam_rate(impl) == constant("cpu_adam_elements_per_s_per_core") * (
+        5 if impl in ("deepspeed", "fused") else 1)
 
 
 def test_vectorised_cpu_adam_steps_five_times_faster_where_the_cores_bind():

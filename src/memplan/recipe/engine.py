@@ -164,14 +164,21 @@ _OFFLOAD_OK: dict[EngineKind, tuple[str, ...]] = {
 
 
 def host_adam(engine: EngineKind | str, optimizer_impl: str) -> str:
-    """The Adam that steps an offloaded optimizer on the host: ``deepspeed`` (DeepSpeedCPUAdam,
-    its SIMD and OpenMP kernel: ``runtime/engine.py`` ``_configure_basic_optimizer`` builds it
-    for a config optimizer of type Adam/AdamW once offload is on, and a client torch optimizer
-    under offload is refused unless ``zero_force_ds_cpu_optimizer = false``,
-    deepspeedai/DeepSpeed@edaa722), else torch.optim's path, ``optimizer_impl``
-    (``Recipe.optimizer_impl``: torchtitan's ``fused``; FSDP1/FSDP2 and Megatron's
-    ``HybridDeviceOptimizer``, a ``torch.optim.AdamW``, torch's CPU default ``for-loop``)."""
-    return "deepspeed" if str(engine) == "deepspeed" else optimizer_impl
+    """The Adam that steps an offloaded optimizer on the host:
+
+    - ``deepspeed``: DeepSpeedCPUAdam, its SIMD and OpenMP kernel (``runtime/engine.py``
+      ``_configure_basic_optimizer`` builds it for a config optimizer of type Adam/AdamW once
+      offload is on, and a client torch optimizer under offload is refused unless
+      ``zero_force_ds_cpu_optimizer = false``; deepspeedai/DeepSpeed@edaa722);
+    - ``fused`` for Megatron-Core: ``optimizer_cpu_offload`` builds a ``HybridDeviceOptimizer``
+      whose CPU part is ``torch.optim.AdamW`` (imported as ``CPUAdam``) with ``fused=True``,
+      "used to improve the performance of the cpu optimizer"
+      (``megatron/core/optimizer/__init__.py``, NVIDIA/Megatron-LM@0044db1);
+    - else torch.optim's path, ``optimizer_impl`` (``Recipe.optimizer_impl``: torchtitan's
+      ``fused``; FSDP1/FSDP2 take torch's CPU default, the ``for-loop``)."""
+    if str(engine) == "deepspeed":
+        return "deepspeed"
+    return "fused" if str(engine) == "megatron" else optimizer_impl
 
 
 _MIXED_UNDER_PEFT = ("ia3", "vera", "bitfit")

@@ -1,6 +1,7 @@
 """The rate of the host's Adam step under optimizer offload (issue #19): how many elements one
 core updates per second with the implementation the engine steps (``recipe.engine.host_adam``:
-DeepSpeed's CPU Adam, or torch.optim's fused, foreach or for-loop path).
+DeepSpeed's CPU Adam, Megatron's fused torch AdamW, or torch.optim's fused, foreach or for-loop
+path as the recipe resolves it).
 
 The for-loop's rate is ``cpu_adam_elements_per_s_per_core`` (an FSDP2 CPU AdamW); DeepSpeed's
 CPU Adam and torch's fused CPU AdamW run ``cpu_adam_vectorised_speedup`` times faster. torch's
