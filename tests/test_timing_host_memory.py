@@ -192,3 +192,20 @@ def test_on_a_dgx_h100_the_dram_binds_either_implementation():
     loop, ds = _cpu("fsdp2", "DGX-H100"), _cpu("deepspeed", "DGX-H100")
     assert "set by the socket's DRAM" in ds.detail and "set by the socket's DRAM" in loop.detail
     assert ds.seconds == pytest.approx(loop.seconds, rel=1e-9)
+
+
+def _notes(engine: str, node: str, **keys):
+    recipe, setup = load_job(None, {"gpus": 8, "zero": 3, "offload": "params+optimizer",
+                                    "engine": engine, **keys}, {})
+    return estimate_from_names("meta-llama/Llama-3.1-8B", recipe, Machine(node=node),
+                               setup).time.notes
+
+
+def test_a_for_loop_cpu_step_that_waits_for_the_cores_points_to_fused():
+    """The hint appears where it would help: torch's for-loop on the cores' limit, not where
+    the step is already vectorised or the socket's DRAM binds."""
+    hint = "--optimizer-impl fused"
+    assert any(hint in n and "5x" in n for n in _notes("fsdp2", "p4de.24xlarge"))
+    assert not any(hint in n for n in _notes("fsdp2", "p4de.24xlarge", optimizer_impl="fused"))
+    assert not any(hint in n for n in _notes("deepspeed", "p4de.24xlarge"))
+    assert not any(hint in n for n in _notes("fsdp2", "DGX-H100"))

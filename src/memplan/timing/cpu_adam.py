@@ -15,7 +15,7 @@ from ..facts.constants import constant
 from ..recipe import Recipe
 from ..recipe.engine import host_adam
 
-__all__ = ["cpu_adam_impl", "cpu_adam_rate", "CPU_ADAM_NAMES"]
+__all__ = ["cpu_adam_impl", "cpu_adam_rate", "CPU_ADAM_NAMES", "SLOW_CPU_ADAM"]
 
 CPU_ADAM_NAMES = {
     "deepspeed": "DeepSpeed's CPU Adam",
@@ -27,6 +27,9 @@ CPU_ADAM_NAMES = {
 """How the explanation names each implementation."""
 
 _VECTORISED = ("deepspeed", "fused")
+
+SLOW_CPU_ADAM = ("for-loop", "foreach", "foreach-torch2.0")
+"""torch.optim paths stepped at the for-loop's rate: ``--optimizer-impl fused`` is faster."""
 
 
 def cpu_adam_impl(recipe: Recipe) -> str:

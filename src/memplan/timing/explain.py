@@ -10,7 +10,7 @@ from ..facts.constants import constant
 from ..hardware import Device
 from ..recipe import Recipe
 from .calibration import Calibration
-from .cpu_adam import CPU_ADAM_NAMES, cpu_adam_impl, cpu_adam_rate
+from .cpu_adam import CPU_ADAM_NAMES, SLOW_CPU_ADAM, cpu_adam_impl, cpu_adam_rate
 from .fsdp2 import COPY_ENGINES
 from .kernels import attention_efficiency
 from .stage import HOST_OFFLOADS
@@ -47,6 +47,12 @@ def time_notes(c: Clock, recipe: Recipe, device: Device,
         notes.append("host DRAM bandwidth unknown (a --node preset or --hardware node with "
                      "memory_channels and memory_mt_per_s gives it): offload transfers and the CPU "
                      "optimizer not bounded by it")
+    if st.cpu and st.cpu_limit != "dram" and cpu_adam_impl(recipe) in SLOW_CPU_ADAM:
+        notes.append(f"the CPU optimizer step runs {CPU_ADAM_NAMES[cpu_adam_impl(recipe)]} "
+                     f"and waits for the cores: --optimizer-impl fused (torch's fused CPU AdamW, "
+                     f"torch >= 2.4; HF Trainer optim=adamw_torch_fused) steps "
+                     f"{cpu_adam_rate('fused') / cpu_adam_rate('for-loop'):g}x as many elements "
+                     "per core")
     unknown = sorted({u for s in times for u in s.unknown})
     if unknown:
         notes.append("not timed (unknown): " + ", ".join(unknown) + "; give --node or --pcie")
