@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from ..errors import ConfigError
 from ..model.spec import ModelSpec
 from ..recipe import Recipe
-from ..recipe.engine import EngineKind
+from ..recipe.engine import TORCH_OPTIM_ENGINES, EngineKind
 from ..recipe.parts import (Attention, Checkpointing, CheckpointingKind, Loss, LossKind,
                             Offload, OffloadKind, OptimizerImpl)
 
@@ -47,11 +47,7 @@ SEARCHED = ("zero", "hybrid_shard", "offload", "engine", "tp", "sequence_paralle
 """Recipe keys ``plan`` chooses; any of them given by the user is held at the given value."""
 
 
-TORCH_OPTIM_ENGINES = ("ddp", "fsdp1", "fsdp2", "torchtitan")
-"""Engines whose optimizer is the user's ``torch.optim`` one (DeepSpeed and Megatron step their
-own fused Adam)."""
-
-FUSED_NOTE = ("candidates that step torch.optim (ddp, fsdp1, fsdp2, torchtitan) use its fused "
+FUSED_NOTE = (f"candidates that step torch.optim ({', '.join(TORCH_OPTIM_ENGINES)}) use its fused "
               "AdamW (\"fused > foreach > for-loop\" in speed, torch.optim's docs; no state-sized "
               "temporaries); give --optimizer-impl to hold another")
 """Said when ``Space.fused`` chose the fused step for some candidates."""

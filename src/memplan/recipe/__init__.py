@@ -23,7 +23,7 @@ from typing import Any
 
 from ..errors import ConfigError, Problems, did_you_mean
 from .check import field_key
-from .engine import Engine, EngineKind, engine_problems, resolve_engine
+from .engine import TORCH_OPTIM_ENGINES, Engine, EngineKind, engine_problems, resolve_engine
 from .io import read_recipe_file, read_recipe_toml, to_toml
 from .loop import Loop, Outputs, ZeroGradAt
 from .parts import (
@@ -145,8 +145,8 @@ class Recipe:
                 and str(self.engine_kind) in ("deepspeed", "megatron"):
             p.add(f"optimizer_impl={impl} picks a torch.optim implementation, but "
                   f"{self.engine_kind} at zero={par.zero} steps its own fused Adam. Use "
-                  "optimizer_impl=auto, or an engine that steps torch.optim (ddp, fsdp1, fsdp2, "
-                  "torchtitan).")
+                  "optimizer_impl=auto, or an engine that steps torch.optim "
+                  f"({', '.join(TORCH_OPTIM_ENGINES)}).")
         prec = self.precision
         if prec.frozen_dtype == "fp32" and not str(prec.kind).endswith("-mixed"):
             why = ("its weights are fp32 already" if prec.kind == "32-true"

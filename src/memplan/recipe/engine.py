@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from .parts import Offload, Parallelism
 
 __all__ = ["EngineKind", "Engine", "Fsdp1Prefetch", "Fsdp1Wrap", "resolve_engine",
-           "engine_problems", "host_adam"]
+           "engine_problems", "host_adam", "TORCH_OPTIM_ENGINES"]
 
 
 class EngineKind(StrEnum):
@@ -161,6 +161,11 @@ _OFFLOAD_OK: dict[EngineKind, tuple[str, ...]] = {
     EngineKind.MEGATRON: ("none", "optimizer"),  # optimizer_cpu_offload
     EngineKind.TORCHTITAN: ("none", "params+optimizer"),  # training.enable_cpu_offload
 }
+
+
+TORCH_OPTIM_ENGINES = ("ddp", "fsdp1", "fsdp2", "torchtitan")
+"""Engines that step the user's ``torch.optim`` optimizer (DeepSpeed and Megatron-Core build
+their own fused Adam), so ``optimizer_impl`` chooses its path."""
 
 
 def host_adam(engine: EngineKind | str, optimizer_impl: str) -> str:

@@ -100,10 +100,10 @@ class TimeEstimate:
     error_max: float = 0.0
     """Largest signed error validation measured (``timing/accuracy.toml``)."""
     model_flops_noncausal_per_step: float = 0.0
-    stages: tuple[StagePhases, ...] = ()
-    """One per pipeline stage, in the order of the breakdown's ranks: the step's time axis."""
     """Model FLOPs over the full s x s attention matrix (torchtitan's / PaLM's MFU formula), to
     compare with MFUs published that way; 0 when not computed."""
+    stages: tuple[StagePhases, ...] = ()
+    """One per pipeline stage, in the order of the breakdown's ranks: the step's time axis."""
 
     @property
     def tokens_per_second(self) -> float:

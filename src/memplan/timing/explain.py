@@ -47,12 +47,13 @@ def time_notes(c: Clock, recipe: Recipe, device: Device,
         notes.append("host DRAM bandwidth unknown (a --node preset or --hardware node with "
                      "memory_channels and memory_mt_per_s gives it): offload transfers and the CPU "
                      "optimizer not bounded by it")
-    if st.cpu and st.cpu_limit != "dram" and cpu_adam_impl(recipe) in SLOW_CPU_ADAM:
-        notes.append(f"the CPU optimizer step runs {CPU_ADAM_NAMES[cpu_adam_impl(recipe)]} "
-                     f"and waits for the cores: --optimizer-impl fused (torch's fused CPU AdamW, "
-                     f"torch >= 2.4; HF Trainer optim=adamw_torch_fused) steps "
-                     f"{cpu_adam_rate('fused') / cpu_adam_rate('for-loop'):g}x as many elements "
-                     "per core")
+    impl = cpu_adam_impl(recipe)
+    if st.cpu and st.cpu_limit != "dram" and impl in SLOW_CPU_ADAM:
+        notes.append(f"the CPU optimizer step runs {CPU_ADAM_NAMES[impl]} and waits for the "
+                     "cores: --optimizer-impl fused (torch's fused CPU AdamW, torch >= 2.4; HF "
+                     f"Trainer optim=adamw_torch_fused) steps "
+                     f"{cpu_adam_rate('fused') / cpu_adam_rate(impl):g}x as many elements per "
+                     "core")
     unknown = sorted({u for s in times for u in s.unknown})
     if unknown:
         notes.append("not timed (unknown): " + ", ".join(unknown) + "; give --node or --pcie")
